@@ -1,0 +1,1 @@
+"""The hardened Docker executor: the node's safety boundary."""

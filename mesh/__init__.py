@@ -1,0 +1,1 @@
+"""edgecoder-mesh: mesh."""

@@ -1,0 +1,51 @@
+"""Reason codes: every rejection anywhere in the node is one of these, never a bare exception."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Reason(enum.StrEnum):
+    # The codec: the first thing a hostile peer touches.
+    TOO_LARGE = "too_large"
+    MALFORMED = "malformed"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    BAD_SIGNATURE = "bad_signature"
+    EXPIRED = "expired"
+    NOT_YET_VALID = "not_yet_valid"
+    TTL_TOO_LONG = "ttl_too_long"
+    # The intake, after the codec.
+    REPLAYED = "replayed"
+    RATE_LIMITED = "rate_limited"
+    LANGUAGE_NOT_ALLOWED = "language_not_allowed"
+    OFFERER_DENIED = "offerer_denied"
+    SANDBOX_REQUIRED = "sandbox_required_for_remote_task"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    BUSY = "busy"
+    # Claims and results.
+    CLAIM_REFUSED = "claim_refused"
+    UNKNOWN_OFFER = "unknown_offer"
+    WRONG_EXECUTOR = "wrong_executor"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: Reason
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"reason": str(self.reason), "detail": self.detail}
+
+
+class Rejected(Exception):  # noqa: N818 - it is the typed rejection, named for what it carries
+    """Raised inside the codec and intake, caught at their edge and turned into a `Rejection` value."""
+
+    def __init__(self, reason: Reason, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else str(reason))
+        self.rejection = Rejection(reason, detail)
+
+    @property
+    def reason(self) -> Reason:
+        return self.rejection.reason

@@ -1,0 +1,53 @@
+"""The one narrow interface between every transport and the node.
+
+A transport turns bytes into a `Delivery` and hands it to an `OfferSink` (the node's intake). It knows nothing of
+Docker, of policy or of how the work is run: it only knows how to ask the offerer for the work (`claim`) and how to
+carry the signed result back (`reply`), because those are properties of the wire it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mesh.reasons import Rejection
+
+# Asks the offerer for the right to run this offer. True means granted. Direct offers are addressed to us and need
+# no claim; gossip and BLE offers are heard by many and must be claimed so that each runs once.
+ClaimFn = Callable[[], Awaitable[bool]]
+# Carries the signed result (wire bytes) back to the offerer.
+ReplyFn = Callable[[bytes], Awaitable[None]]
+
+
+async def _no_claim_needed() -> bool:
+    return True
+
+
+@dataclass(slots=True)
+class Delivery:
+    raw: bytes
+    transport: str
+    # The authenticated sender where the transport has one: a libp2p PeerID string, or a BLE address.
+    sender: str | None
+    reply: ReplyFn
+    claim: ClaimFn = field(default=_no_claim_needed)
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    offer_id: bytes
+
+
+Verdict = Admitted | Rejection
+
+
+class OfferSink(Protocol):
+    """What every transport delivers into. Implemented by `mesh.intake.Intake`."""
+
+    async def deliver(self, delivery: Delivery) -> Verdict: ...
+
+    @property
+    def participating(self) -> bool:
+        """False while the sandbox gate has withdrawn the node: transports stop taking offers."""
+        ...

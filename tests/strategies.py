@@ -1,0 +1,64 @@
+"""Hypothesis strategies shared by the codec and intake tests."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from executor.contract import ErrorKind, ExecResult, Limits
+from mesh.identity import NodeIdentity
+from mesh.offers import TaskOffer
+
+NOW = 1_800_000_000_000  # a fixed clock for the tests: 2027-01-15
+
+OFFERER = NodeIdentity(bytes(range(32)))
+
+json_data = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+limits = st.builds(
+    Limits,
+    timeout_ms=st.integers(1, 600_000),
+    memory_mb=st.integers(1, 4096),
+    cpus=st.integers(1, 8000).map(lambda m: m / 1000),
+)
+
+
+@st.composite
+def offers(draw: st.DrawFn, offerer: NodeIdentity = OFFERER) -> TaskOffer:
+    issued = draw(st.integers(NOW - 60_000, NOW + 1_000))
+    return TaskOffer(
+        offer_id=draw(st.binary(min_size=16, max_size=16)),
+        offerer=offerer.public_key,
+        issued_at_ms=issued,
+        expires_at_ms=issued + draw(st.integers(61_000, 600_000)),
+        language=draw(st.sampled_from(["python", "javascript"])),
+        code=draw(st.text(max_size=200)),
+        input=draw(json_data),
+        limits=draw(limits),
+        sandbox=draw(st.sampled_from(["docker", "host"])),
+        reply_to=tuple(draw(st.lists(st.text(max_size=40), max_size=3))),
+    )
+
+
+exec_results = st.builds(
+    ExecResult,
+    ok=st.booleans(),
+    stdout=st.text(max_size=100),
+    stderr=st.text(max_size=100),
+    exit_code=st.none() | st.integers(-(2**31), 2**31),
+    duration_ms=st.integers(0, 10**7),
+    queue_for_cloud=st.booleans(),
+    queue_reason=st.none() | st.sampled_from(["timeout", "busy", "outside_subset"]),
+    error_kind=st.none() | st.sampled_from(list(ErrorKind)),
+    stdout_truncated=st.booleans(),
+    stderr_truncated=st.booleans(),
+)

@@ -1,0 +1,116 @@
+"""Known-answer vectors: a fixed key and message give fixed bytes and a fixed signature.
+
+They live in tests/vectors/*.json so that a port in another language can check itself against them. Regenerate them
+only on a deliberate protocol change: `python -m tests.test_vectors --write`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from executor.contract import ErrorKind, ExecResult, Limits
+from mesh.codec import Domain
+from mesh.identity import NodeIdentity
+from mesh.offers import TaskOffer, TaskResult, open_offer, open_result
+
+VECTORS = Path(__file__).parent / "vectors"
+OFFERER_SEED = bytes.fromhex(
+    "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"
+)  # RFC 8032 test 1
+EXECUTOR_SEED = bytes.fromhex(
+    "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb"
+)  # RFC 8032 test 2
+ISSUED = 1_800_000_000_000
+
+
+def build() -> dict[str, dict[str, Any]]:
+    offerer, executor = NodeIdentity(OFFERER_SEED), NodeIdentity(EXECUTOR_SEED)
+    offer = TaskOffer(
+        offer_id=bytes(range(16)),
+        offerer=offerer.public_key,
+        issued_at_ms=ISSUED,
+        expires_at_ms=ISSUED + 60_000,
+        language="python",
+        code="import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n",
+        input={"xs": [1, 2, 3]},
+        limits=Limits(timeout_ms=2_000, memory_mb=64, cpus=0.5),
+        sandbox="docker",
+        reply_to=("/ip4/127.0.0.1/tcp/4001/p2p/" + offerer.peer_id,),
+    )
+    offer_wire = offer.sign(offerer)
+    result = TaskResult(
+        offer_id=offer.offer_id,
+        offer_digest=open_offer(offer_wire, now=ISSUED).digest,
+        executor=executor.public_key,
+        result=ExecResult(ok=True, stdout="6\n", exit_code=0, duration_ms=41),
+        completed_at_ms=ISSUED + 1_000,
+    )
+    failed = TaskResult(
+        offer_id=offer.offer_id,
+        offer_digest=result.offer_digest,
+        executor=executor.public_key,
+        result=ExecResult(
+            ok=False,
+            stderr="",
+            exit_code=124,
+            duration_ms=2_001,
+            queue_for_cloud=True,
+            queue_reason="timeout",
+            error_kind=ErrorKind.TIMEOUT,
+        ),
+        completed_at_ms=ISSUED + 3_000,
+    )
+
+    def vector(domain: bytes, seed: bytes, wire: bytes) -> dict[str, Any]:
+        body, signature = msgpack.unpackb(wire)
+        return {
+            "domain": domain.decode(),
+            "seed": seed.hex(),
+            "publicKey": NodeIdentity(seed).public_key.hex(),
+            "peerId": NodeIdentity(seed).peer_id,
+            "body": body.hex(),
+            "signedMessage": (domain + b"\x00" + body).hex(),
+            "signature": signature.hex(),
+            "wire": wire.hex(),
+        }
+
+    return {
+        "offer-v1": vector(Domain.OFFER, OFFERER_SEED, offer_wire),
+        "result-v1": vector(Domain.RESULT, EXECUTOR_SEED, result.sign(executor)),
+        "result-timeout-v1": vector(Domain.RESULT, EXECUTOR_SEED, failed.sign(executor)),
+    }
+
+
+def test_vectors_match_the_committed_files() -> None:
+    for name, expected in build().items():
+        committed = json.loads((VECTORS / f"{name}.json").read_text())
+        assert committed == expected, f"{name} changed: a protocol change needs new vectors and a new version"
+
+
+def test_committed_vectors_decode_and_verify() -> None:
+    offer = json.loads((VECTORS / "offer-v1.json").read_text())
+    assert open_offer(bytes.fromhex(offer["wire"]), now=ISSUED).offer.offerer.hex() == offer["publicKey"]
+    for name in ("result-v1", "result-timeout-v1"):
+        result = json.loads((VECTORS / f"{name}.json").read_text())
+        opened = open_result(
+            bytes.fromhex(result["wire"]), expect_executor=bytes.fromhex(result["publicKey"])
+        )
+        assert opened.offer_id.hex() == "000102030405060708090a0b0c0d0e0f"
+
+
+def test_rfc8032_public_keys() -> None:
+    """Our seeds are RFC 8032's test keys, so the public keys are known answers too."""
+    assert NodeIdentity(OFFERER_SEED).public_key.hex() == (
+        "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+    )
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    for name, vector in build().items():
+        (VECTORS / f"{name}.json").write_text(json.dumps(vector, indent=2) + "\n")
+        print("wrote", VECTORS / f"{name}.json")

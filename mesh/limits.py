@@ -1,0 +1,77 @@
+"""Bounded bookkeeping for the intake: a replay cache and per-peer token buckets.
+
+Both are capped in entries, so a peer that invents identities or offer ids by the million costs us a fixed amount
+of memory. Time is injected (`now` in seconds, monotonic) so that tests and simulations control the clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+class ReplayCache:
+    """Remembers (offerer, offer id) pairs for at least `ttl` seconds, within `capacity` entries.
+
+    `ttl` must be at least the longest offer lifetime plus the clock skew allowed, otherwise an offer could be
+    replayed after it is forgotten but before it expires. When full, the oldest entry is evicted early: the clock
+    check still refuses it once it expires, and the cap is what keeps a flood from growing memory.
+    """
+
+    def __init__(self, ttl: float, capacity: int = 100_000) -> None:
+        self.ttl = ttl
+        self.capacity = capacity
+        self._seen: OrderedDict[tuple[bytes, bytes], float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def _expire(self, now: float) -> None:
+        while self._seen:
+            key, seen_at = next(iter(self._seen.items()))
+            if now - seen_at < self.ttl and len(self._seen) <= self.capacity:
+                break
+            del self._seen[key]
+
+    def seen(self, offerer: bytes, offer_id: bytes, now: float) -> bool:
+        self._expire(now)
+        return (offerer, offer_id) in self._seen
+
+    def remember(self, offerer: bytes, offer_id: bytes, now: float) -> None:
+        self._seen[(offerer, offer_id)] = now
+        self._seen.move_to_end((offerer, offer_id))
+        self._expire(now)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """A token bucket per key (peer), refilled at `rate` tokens a second up to `burst`."""
+
+    def __init__(self, rate: float, burst: float, max_keys: int = 10_000) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_keys = max_keys
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def allow(self, key: str, now: float) -> bool:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket(self.burst, now)
+            self._buckets[key] = bucket
+            if len(self._buckets) > self.max_keys:
+                # The least recently active peer is forgotten; it comes back with a full bucket, which is the
+                # cost of bounded memory (and at most `burst` extra offers).
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return True
+        return False

@@ -1,0 +1,33 @@
+"""Prometheus metrics of one node. Each node has its own registry, so that many nodes can share one process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.offers = Counter("edgecoder_offers_admitted", "Offers admitted by the intake", ["transport"], registry=r)
+        self.rejections = Counter(
+            "edgecoder_offers_rejected", "Offers rejected, by transport and reason code", ["transport", "reason"],
+            registry=r,
+        )
+        self.results = Counter(
+            "edgecoder_results", "Runs finished, by error kind and queue reason", ["error_kind", "queue_reason"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "edgecoder_fallbacks", "Runs whose result asks to fall back to the cloud (queueForCloud)", registry=r
+        )
+        self.run_seconds = Histogram(
+            "edgecoder_run_seconds", "Sandbox run durations",
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,
+        )
+        self.pool_size = Gauge("edgecoder_pool_ready", "Warm sandbox containers ready", registry=r)
+        self.participating = Gauge("edgecoder_participating", "1 while the sandbox gate admits remote work", registry=r)
+        self.claims = Counter("edgecoder_claims", "Claims asked for, by outcome", ["outcome"], registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,198 @@
+"""The intake: one entry point, origin always remote, every rejection typed, counted and cheap-first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh.codec import pack
+from mesh.identity import NodeIdentity
+from mesh.intake import Intake, IntakePolicy
+from mesh.offers import TaskOffer
+from mesh.reasons import Reason, Rejection
+from tests.strategies import NOW, OFFERER, offers
+from transports.base import Admitted, Delivery
+
+OTHER = NodeIdentity(bytes(range(100, 132)))
+
+
+async def _no_reply(_: bytes) -> None:
+    return None
+
+
+def delivery(raw: bytes, transport: str = "direct") -> Delivery:
+    return Delivery(raw=raw, transport=transport, sender="12D3KooWtest", reply=_no_reply)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_intake(participating: bool = True, **policy: Any) -> tuple[Intake, Clock]:
+    clock = Clock()
+    intake = Intake(
+        IntakePolicy(**policy), participating=lambda: participating, clock_ms=lambda: NOW, monotonic=clock
+    )
+    return intake, clock
+
+
+def offer(identity: NodeIdentity = OFFERER, **changes: Any) -> bytes:
+    fields: dict[str, Any] = {"language": "python", "code": "print(1)", "issued_at_ms": NOW}
+    fields.update(changes)
+    return TaskOffer.create(identity, **fields).sign(identity)
+
+
+def run(fn: Callable[[], Any]) -> Any:
+    return trio.run(fn)
+
+
+def deliver(intake: Intake, raw: bytes, transport: str = "direct") -> Admitted | Rejection:
+    async def go() -> Admitted | Rejection:
+        return await intake.deliver(delivery(raw, transport))
+
+    return trio.run(go)
+
+
+def reason(verdict: object) -> Reason:
+    assert isinstance(verdict, Rejection), verdict
+    return verdict.reason
+
+
+@settings(max_examples=50)
+@given(offers())
+def test_admitted_offers_are_remote_whatever_they_say(task: TaskOffer) -> None:
+    intake, _ = make_intake()
+    verdict = deliver(intake, task.sign(OFFERER))
+    if isinstance(verdict, Rejection):  # only the clock may refuse a generated offer
+        assert verdict.reason in (Reason.EXPIRED, Reason.TTL_TOO_LONG)
+        return
+    job = intake.jobs.receive_nowait()
+    assert job.origin == "remote"
+    assert job.received.offer == task
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=600))
+def test_garbage_gets_a_typed_rejection_and_the_intake_keeps_serving(raw: bytes) -> None:
+    intake, _ = make_intake()
+    assert isinstance(deliver(intake, raw), Rejection)
+    assert isinstance(deliver(intake, offer()), Admitted)
+
+
+@settings(max_examples=100)
+@given(st.data())
+def test_a_tampered_offer_is_rejected_and_never_queued(data: st.DataObject) -> None:
+    intake, _ = make_intake()
+    raw = bytearray(offer())
+    index = data.draw(st.integers(0, len(raw) - 1))
+    raw[index] ^= data.draw(st.integers(1, 255))
+    assert isinstance(deliver(intake, bytes(raw)), Rejection)
+    with pytest.raises(trio.WouldBlock):
+        intake.jobs.receive_nowait()
+
+
+def test_every_rejection_path_has_its_reason_and_is_counted() -> None:
+    intake, _ = make_intake(
+        languages=frozenset({"python"}), deny_offerers=frozenset({OTHER.public_key}), max_message_bytes=4096
+    )
+    good = offer()
+    body, signature = msgpack.unpackb(good)
+    cases = {
+        Reason.TOO_LARGE: b"\x00" * 5000,
+        Reason.MALFORMED: b"\xc1garbage",
+        Reason.UNSUPPORTED_VERSION: pack([pack({"version": 9}), signature]),
+        Reason.EXPIRED: offer(issued_at_ms=NOW - 200_000),
+        Reason.NOT_YET_VALID: offer(issued_at_ms=NOW + 100_000),
+        Reason.TTL_TOO_LONG: offer(ttl_ms=11 * 60_000),
+        Reason.BAD_SIGNATURE: pack([body, bytes(64)]),
+        Reason.LANGUAGE_NOT_ALLOWED: offer(language="javascript"),
+        Reason.OFFERER_DENIED: offer(OTHER),
+    }
+    for expected, raw in cases.items():
+        assert reason(deliver(intake, raw, "gossip")) == expected, expected
+        assert intake.rejected[("gossip", str(expected))] == 1
+    assert isinstance(deliver(intake, good), Admitted)
+    assert reason(deliver(intake, good)) == Reason.REPLAYED
+    text = intake.metrics.exposition().decode()
+    assert 'edgecoder_offers_rejected_total{reason="replayed",transport="direct"} 1.0' in text
+
+
+def test_allow_list() -> None:
+    intake, _ = make_intake(allow_offerers=frozenset({OTHER.public_key}))
+    assert reason(deliver(intake, offer())) == Reason.OFFERER_DENIED
+    assert isinstance(deliver(intake, offer(OTHER)), Admitted)
+
+
+def test_not_participating_refuses_with_sandbox_unavailable() -> None:
+    intake, _ = make_intake(participating=False)
+    assert reason(deliver(intake, offer(), "ble")) == Reason.SANDBOX_UNAVAILABLE
+    assert not intake.participating
+
+
+def test_a_full_queue_refuses_with_busy_and_loses_nothing_admitted() -> None:
+    intake, _ = make_intake(queue_size=3, burst_per_offerer=100)
+    verdicts = [deliver(intake, offer()) for _ in range(5)]
+    assert [type(v).__name__ for v in verdicts] == ["Admitted"] * 3 + ["Rejection"] * 2
+    assert all(reason(v) == Reason.BUSY for v in verdicts[3:])
+    admitted = [intake.jobs.receive_nowait().received.offer.offer_id for _ in range(3)]
+    assert admitted == [v.offer_id for v in verdicts[:3] if isinstance(v, Admitted)]
+
+
+def test_a_flooding_offerer_is_rate_limited_while_another_is_served() -> None:
+    intake, clock = make_intake(rate_per_offerer=2, burst_per_offerer=5, queue_size=1000)
+    flood = [deliver(intake, offer()) for _ in range(50)]
+    assert sum(isinstance(v, Admitted) for v in flood) == 5
+    assert intake.rejected[("direct", "rate_limited")] == 45
+    assert isinstance(deliver(intake, offer(OTHER)), Admitted)
+    clock.t += 1.0  # two more tokens a second
+    assert [isinstance(deliver(intake, offer()), Admitted) for _ in range(3)] == [True, True, False]
+
+
+def test_forgeries_cannot_burn_a_real_offerers_offer_id() -> None:
+    intake, _ = make_intake()
+    good = offer()
+    body, _ = msgpack.unpackb(good)
+    assert reason(deliver(intake, pack([body, bytes(64)]))) == Reason.BAD_SIGNATURE
+    assert isinstance(deliver(intake, good), Admitted)
+
+
+def test_garbage_costs_no_signature_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    import mesh.codec
+
+    real = mesh.codec.verify
+
+    def counting(*args: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    monkeypatch.setattr(mesh.codec, "verify", counting)
+    intake, _ = make_intake()
+    for raw in (b"", b"\x00" * 300_000, b"\x92\xc4\x01a\xc4\x01b", offer(issued_at_ms=NOW - 10**6)):
+        assert isinstance(deliver(intake, raw), Rejection)
+    assert calls == 0
+
+
+def test_the_gossip_validator_is_stateless_and_spares_the_second_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    intake, _ = make_intake()
+    good = offer()
+    assert intake.validate(good) is None
+    assert intake.validate(good) is None  # no replay state consumed
+    import mesh.codec
+
+    monkeypatch.setattr(mesh.codec, "verify", lambda *a: pytest.fail("verified twice"))
+    assert isinstance(deliver(intake, good, "gossip"), Admitted)
+    body, _ = msgpack.unpackb(good)
+    monkeypatch.undo()
+    assert reason(intake.validate(pack([body, bytes(64)]))) == Reason.BAD_SIGNATURE

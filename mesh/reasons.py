@@ -39,7 +39,7 @@ class Rejection:
         return {"reason": str(self.reason), "detail": self.detail}
 
 
-class Rejected(Exception):  # noqa: N818 - it is the typed rejection, named for what it carries
+class Rejected(Exception):
     """Raised inside the codec and intake, caught at their edge and turned into a `Rejection` value."""
 
     def __init__(self, reason: Reason, detail: str = "") -> None:

@@ -1,0 +1,120 @@
+"""The offerer's claim desk and the peer directory behind it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from executor.contract import ExecResult, Limits
+from mesh.claims import LEASE_MARGIN_S, ClaimDesk
+from mesh.identity import NodeIdentity
+from mesh.offers import TaskOffer, TaskResult, parse_offer
+from mesh.peers import PeerDirectory
+from mesh.reasons import Reason
+
+OFFERER = NodeIdentity.generate()
+RUNNER_A = NodeIdentity.generate()
+RUNNER_B = NodeIdentity.generate()
+NO_SANDBOX = NodeIdentity.generate()
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def heartbeat(identity: NodeIdentity, mode: str = "docker") -> dict[str, Any]:
+    return {"peerId": identity.peer_id, "sandboxMode": mode, "freeSlots": 2, "languages": ["python"], "addrs": []}
+
+
+def setup() -> tuple[ClaimDesk, PeerDirectory, Clock, bytes]:
+    clock = Clock()
+    peers = PeerDirectory(stale_after=10, monotonic=clock)
+    for who in (RUNNER_A, RUNNER_B):
+        peers.observe(who.peer_id, heartbeat(who))
+    peers.observe(NO_SANDBOX.peer_id, heartbeat(NO_SANDBOX, "none"))
+    desk = ClaimDesk(peers, monotonic=clock)
+    offer = TaskOffer.create(OFFERER, language="python", code="print(1)", limits=Limits(timeout_ms=1000))
+    received = parse_offer(offer.sign(OFFERER))
+    desk.post(received)
+    return desk, peers, clock, received.offer.offer_id
+
+
+def result_of(desk: ClaimDesk, offer_id: bytes, runner: NodeIdentity) -> bytes:
+    posted = desk.get(offer_id)
+    assert posted is not None
+    return TaskResult(offer_id, posted.received.digest, runner.public_key, ExecResult(ok=True)).sign(runner)
+
+
+def test_exactly_one_claim_is_granted_and_only_the_claimants_result_counts() -> None:
+    async def main() -> None:
+        desk, _, _, offer_id = setup()
+        assert await desk.grant_claim(offer_id, RUNNER_A.peer_id) is None
+        refused = await desk.grant_claim(offer_id, RUNNER_B.peer_id)
+        assert refused is not None and refused.reason == Reason.CLAIM_REFUSED
+        assert await desk.grant_claim(offer_id, RUNNER_A.peer_id) is None  # the same claim, retried
+        wrong = await desk.accept_result(result_of(desk, offer_id, RUNNER_B), RUNNER_B.peer_id)
+        assert wrong is not None and wrong.reason == Reason.CLAIM_REFUSED
+        assert await desk.accept_result(result_of(desk, offer_id, RUNNER_A), RUNNER_A.peer_id) is None
+        posted = desk.get(offer_id)
+        assert posted is not None and posted.done.is_set() and len(posted.results) == 1
+
+    trio.run(main)
+
+
+def test_a_peer_reporting_sandbox_mode_none_is_refused_a_claim() -> None:
+    async def main() -> None:
+        desk, _, _, offer_id = setup()
+        refused = await desk.grant_claim(offer_id, NO_SANDBOX.peer_id)
+        assert refused is not None and refused.reason == Reason.SANDBOX_UNAVAILABLE
+        unknown = await desk.grant_claim(offer_id, NodeIdentity.generate().peer_id)
+        assert unknown is not None and unknown.reason == Reason.SANDBOX_UNAVAILABLE
+
+    trio.run(main)
+
+
+def test_a_claim_without_a_result_lapses_and_the_slot_reopens() -> None:
+    async def main() -> None:
+        desk, peers, clock, offer_id = setup()
+        assert await desk.grant_claim(offer_id, RUNNER_A.peer_id) is None
+        assert not desk.lapsed(offer_id)
+        clock.t += 1.0 + LEASE_MARGIN_S + 0.1
+        assert desk.lapsed(offer_id)
+        peers.observe(RUNNER_B.peer_id, heartbeat(RUNNER_B))  # keep B's heartbeat fresh
+        assert await desk.grant_claim(offer_id, RUNNER_B.peer_id) is None
+
+    trio.run(main)
+
+
+def test_forged_and_stray_results_are_refused() -> None:
+    async def main() -> None:
+        desk, _, _, offer_id = setup()
+        await desk.grant_claim(offer_id, RUNNER_A.peer_id)
+        # Signed by B but sent over A's authenticated stream.
+        forged = await desk.accept_result(result_of(desk, offer_id, RUNNER_B), RUNNER_A.peer_id)
+        assert forged is not None and forged.reason == Reason.WRONG_EXECUTOR
+        stray = TaskResult(b"\x09" * 16, b"\x00" * 32, RUNNER_A.public_key, ExecResult(ok=True)).sign(RUNNER_A)
+        unknown = await desk.accept_result(stray, RUNNER_A.peer_id)
+        assert unknown is not None and unknown.reason == Reason.UNKNOWN_OFFER
+        garbage = await desk.accept_result(b"\x00garbage", RUNNER_A.peer_id)
+        assert garbage is not None and garbage.reason == Reason.MALFORMED
+
+    trio.run(main)
+
+
+def test_heartbeats_are_validated_bounded_and_go_stale() -> None:
+    clock = Clock()
+    peers = PeerDirectory(stale_after=5, capacity=2, monotonic=clock)
+    peers.observe(RUNNER_A.peer_id, heartbeat(RUNNER_B))  # names another peer than its signer
+    peers.observe(RUNNER_A.peer_id, {**heartbeat(RUNNER_A), "sandboxMode": "vm"})
+    peers.observe(RUNNER_A.peer_id, "not a map")
+    assert peers.ignored == 3 and peers.sandbox_mode(RUNNER_A.peer_id) is None
+    for who in (RUNNER_A, RUNNER_B, NO_SANDBOX):
+        clock.t += 1
+        peers.observe(who.peer_id, heartbeat(who))
+    assert len(peers.fresh()) == 2 and peers.get(RUNNER_A.peer_id) is None
+    clock.t += 6
+    assert peers.sandbox_mode(NO_SANDBOX.peer_id) is None

@@ -1,0 +1,80 @@
+"""The host: Noise only (a plaintext dialer is refused), no 250 ms dial penalty, real addresses reported."""
+
+from __future__ import annotations
+
+import time
+
+import multiaddr
+import pytest
+from libp2p import new_host
+from libp2p.network.config import ConnectionConfig
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+
+from mesh.identity import NodeIdentity
+from tests.test_p2p_fakes import LOOPBACK, run_trio
+from transports.p2p import DialError, P2PHost, open_host, yamux_only
+
+
+def test_addrs_are_full_multiaddrs_with_the_real_port() -> None:
+    identity = NodeIdentity.generate()
+
+    async def main() -> None:
+        async with open_host(identity, [LOOPBACK]) as host:
+            assert host.peer_id == identity.peer_id  # same seed: host key = signing key
+            [addr] = host.addrs
+            assert addr.startswith("/ip4/127.0.0.1/tcp/")
+            assert addr.endswith(f"/p2p/{identity.peer_id}")
+            assert "/tcp/0/" not in addr
+
+    run_trio(main)
+
+
+def test_a_plaintext_only_dialer_is_refused_and_a_noise_dialer_connects() -> None:
+    async def main() -> None:
+        async with open_host(NodeIdentity.generate(), [LOOPBACK]) as ours:
+            keypair = NodeIdentity.generate().libp2p_keypair()
+            plaintext = new_host(
+                key_pair=keypair,
+                sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(keypair)},
+                muxer_opt=yamux_only(),
+                connection_config=ConnectionConfig(max_connections_per_peer=1),
+            )
+            async with plaintext.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]):
+                with pytest.raises(DialError):
+                    await P2PHost(plaintext, dial_timeout=3).connect(ours.addrs[0])
+                assert plaintext.get_connected_peers() == []
+                assert ours.connected_peers() == []
+
+            async with open_host(NodeIdentity.generate(), [LOOPBACK]) as noise:
+                assert await noise.connect(ours.addrs[0]) == ours.peer_id
+                assert ours.peer_id in noise.connected_peers()
+
+    run_trio(main)
+
+
+def test_connect_is_not_held_by_the_250_ms_dial_fallback() -> None:
+    # A guard on the `max_connections_per_peer=1` override, not a benchmark: the default config costs 250 ms a dial.
+    async def main() -> None:
+        async with open_host(NodeIdentity.generate(), [LOOPBACK]) as server:
+            for _ in range(3):
+                async with open_host(NodeIdentity.generate(), [LOOPBACK]) as client:
+                    started = time.perf_counter()
+                    await client.connect(server.addrs[0])
+                    elapsed_ms = (time.perf_counter() - started) * 1000
+                    assert elapsed_ms < 150, f"connect took {elapsed_ms:.0f} ms"
+
+    run_trio(main)
+
+
+def test_dial_failures_are_dial_errors_with_a_reason() -> None:
+    async def main() -> None:
+        async with open_host(NodeIdentity.generate(), [LOOPBACK]) as host:
+            absent = NodeIdentity.generate().peer_id
+            with pytest.raises(DialError, match="failed|timed out"):
+                await host.connect(f"/ip4/127.0.0.1/tcp/1/p2p/{absent}")
+            with pytest.raises(DialError, match="multiaddr"):
+                await host.connect("/ip4/127.0.0.1/tcp/1")
+            with pytest.raises(DialError, match="not connected"):
+                await host.ensure_connected(absent)
+
+    run_trio(main)

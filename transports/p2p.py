@@ -1,0 +1,147 @@
+"""The libp2p host every p2p transport shares: Noise only, yamux only, one connection per peer.
+
+`open_host` is the only place a libp2p host is built, so every default that matters for safety or latency is
+overridden here, each with its reason:
+
+- security: Noise only. libp2p's defaults also offer TLS, SECIO and `/plaintext/2.0.0`; a plaintext dialer was
+  measured to connect to a default host. With one option there is nothing to downgrade to.
+- muxer: yamux only. The default list falls back to mplex, which has no flow control.
+- `ConnectionConfig(max_connections_per_peer=1)`: with the default (3) every dial waits on a 250 ms fallback timer in
+  `network/swarm.py`; with 1 a loopback connect takes under 10 ms.
+- no mDNS, UPnP or bootstrap: peers are only those the node dials or that dial it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost, INetStream
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from mesh.identity import NodeIdentity
+
+StreamHandler = Callable[[INetStream], Awaitable[None]]
+
+# A loopback or LAN dial completes in milliseconds; past this the peer is not coming.
+DEFAULT_DIAL_TIMEOUT = 5.0
+# Opening a stream is a multistream-select round trip on an existing connection.
+DEFAULT_STREAM_TIMEOUT = 5.0
+
+
+class DialError(Exception):
+    """A peer could not be reached or would not speak with us. The message says which and why."""
+
+
+def noise_only(identity: NodeIdentity) -> dict[TProtocol, Any]:
+    """The one security option we offer and accept. The Noise static key is ephemeral per process, as upstream."""
+    keypair = identity.libp2p_keypair()
+    return {NOISE_PROTOCOL_ID: NoiseTransport(keypair, noise_privkey=new_x25519_key_pair().private_key)}
+
+
+def yamux_only() -> dict[TProtocol, Any]:
+    return {TProtocol(YAMUX_PROTOCOL_ID): Yamux}
+
+
+def _peer_id_of(maddr: str) -> str | None:
+    """The PeerID at the end of a `/…/p2p/<id>` multiaddr, or None when `maddr` is not a multiaddr at all."""
+    if not maddr.startswith("/"):
+        return None
+    try:
+        return info_from_p2p_addr(multiaddr.Multiaddr(maddr)).peer_id.to_base58()
+    except Exception as exc:  # multiaddr and libp2p raise several unrelated types for a bad address
+        raise DialError(f"{maddr!r} is not a dialable /ip4/…/tcp/…/p2p/<peer id> multiaddr: {exc}") from None
+
+
+class P2PHost:
+    """A running libp2p host as the transports see it: dial, open streams, serve protocols."""
+
+    def __init__(
+        self,
+        host: IHost,
+        *,
+        dial_timeout: float = DEFAULT_DIAL_TIMEOUT,
+        stream_timeout: float = DEFAULT_STREAM_TIMEOUT,
+    ) -> None:
+        self.host = host
+        self.peer_id: str = host.get_id().to_base58()
+        self.dial_timeout = dial_timeout
+        self.stream_timeout = stream_timeout
+
+    @property
+    def addrs(self) -> list[str]:
+        """Full multiaddrs, each ending `/p2p/<our peer id>`, with the real port when we listened on port 0."""
+        return [str(a) for a in self.host.get_addrs()]
+
+    async def connect(self, maddr: str) -> str:
+        """Dial a `/ip4/…/tcp/N/p2p/<id>` multiaddr; return the PeerID. Raises `DialError` on any failure."""
+        if _peer_id_of(maddr) is None:
+            raise DialError(f"{maddr!r} is not a multiaddr")
+        info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
+        peer_id = info.peer_id.to_base58()
+        if peer_id == self.peer_id:
+            raise DialError(f"{maddr} is this node's own address")
+        try:
+            with trio.fail_after(self.dial_timeout):
+                await self.host.connect(info)
+        except trio.TooSlowError:
+            raise DialError(f"dialing {maddr} timed out after {self.dial_timeout:g} s") from None
+        except Exception as exc:  # swarm, upgrader and multiselect each raise their own types
+            raise DialError(f"dialing {maddr} failed: {type(exc).__name__}: {exc}") from None
+        return peer_id
+
+    async def ensure_connected(self, maddr_or_peer: str) -> str:
+        """A full multiaddr is dialled (a no-op when already connected); a bare PeerID must already be connected."""
+        if maddr_or_peer.startswith("/"):
+            return await self.connect(maddr_or_peer)
+        if maddr_or_peer not in self.connected_peers():
+            raise DialError(f"not connected to {maddr_or_peer} and no address to dial it")
+        return maddr_or_peer
+
+    async def open_stream(self, peer_id: str, protocol: str) -> INetStream:
+        """A new stream to a connected peer, negotiated to `protocol`. Raises `DialError` on failure."""
+        try:
+            with trio.fail_after(self.stream_timeout):
+                return await self.host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+        except trio.TooSlowError:
+            raise DialError(f"opening {protocol} to {peer_id} timed out") from None
+        except Exception as exc:
+            raise DialError(f"opening {protocol} to {peer_id} failed: {type(exc).__name__}: {exc}") from None
+
+    def set_handler(self, protocol: str, handler: StreamHandler) -> None:
+        self.host.set_stream_handler(TProtocol(protocol), handler)
+
+    def connected_peers(self) -> list[str]:
+        return [p.to_base58() for p in self.host.get_connected_peers()]
+
+
+@asynccontextmanager
+async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncIterator[P2PHost]:
+    """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close."""
+    host = new_host(
+        key_pair=identity.libp2p_keypair(),
+        sec_opt=noise_only(identity),
+        muxer_opt=yamux_only(),
+        connection_config=ConnectionConfig(max_connections_per_peer=1),
+        enable_mDNS=False,
+        enable_upnp=False,
+        listen_addrs=[multiaddr.Multiaddr(a) for a in listen],
+    )
+    async with host.run(listen_addrs=[multiaddr.Multiaddr(a) for a in listen]):
+        try:
+            yield P2PHost(host)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await host.close()

@@ -1,0 +1,176 @@
+"""A simulated radio: bumble virtual controllers on one in-process `LocalLink`.
+
+For the node, the CLI (`edgecoder node --ble --ble-sim`), the demo and simulations. Two layers:
+
+* `SimulatedRadio` lives on an asyncio loop: it makes powered-on bumble devices, the node's central adapter
+  (`new_central`) and offering peripherals (`add_offering_peer`), and models distance per address (`set_rssi`),
+  since virtual controllers report -50 dBm for everything.
+* `open_simulated_radio()` is the Trio harness: it runs a `SimulatedRadio` on its own asyncio thread and hands back a
+  `SimulatedRadioHandle`, whose `central_backend()` plugs into `BleTransport.open(..., backend=...)`.
+
+Quirks kept on purpose (see docs/ble.md): devices keep bumble's default random static address (advertising with a
+public address broke the link), and LL privacy stays off (bumble issue #841).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from bumble.controller import Controller
+from bumble.device import Device
+from bumble.host import Host
+from bumble.link import LocalLink
+from bumble.transport.common import AsyncPipeSink
+
+from transports.ble.bridge import AsyncioThread
+from transports.ble.bumble_backend import BumbleCentral, bind_central
+from transports.ble.peripheral import BumbleOfferPeripheral, PeripheralFaults, PeripheralState, ResultVerifier
+from transports.ble.protocol import DEFAULT_MAX_RESULT_BYTES, PeerInfo
+from transports.ble.transport import BleBackend
+
+DEFAULT_RSSI = -50
+
+
+class HasPeerIdentity(Protocol):
+    """What the peripheral needs of an identity (a `mesh.identity.NodeIdentity` fits)."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def public_key(self) -> bytes: ...
+
+
+class SimulatedRadio:
+    """One virtual link and everything on it. Use from the asyncio loop it was made on."""
+
+    def __init__(self) -> None:
+        self.link = LocalLink()
+        self._rssi: dict[str, int] = {}
+        self._devices: list[Device] = []
+        self._peripherals: list[BumbleOfferPeripheral] = []
+        self._names = itertools.count()
+
+    async def new_device(self, name: str | None = None) -> Device:
+        name = name or f"sim-{next(self._names)}"
+        controller = Controller(name, link=self.link)
+        device = Device(name=name, host=Host(controller, AsyncPipeSink(controller)))
+        await device.power_on()
+        self._devices.append(device)
+        return device
+
+    def set_rssi(self, address: str, rssi: int) -> None:
+        self._rssi[address] = rssi
+
+    def rssi_of(self, address: str, reported: int) -> int:
+        return self._rssi.get(address, reported)
+
+    async def new_central(self) -> BumbleCentral:
+        return BumbleCentral(await self.new_device("central"), self.rssi_of)
+
+    async def add_offering_peer(
+        self,
+        identity: HasPeerIdentity,
+        offer: bytes,
+        *,
+        rssi: int = DEFAULT_RSSI,
+        verify_result: ResultVerifier | None = None,
+        faults: PeripheralFaults | None = None,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    ) -> BumbleOfferPeripheral:
+        """A nearby laptop advertising `offer` (signed wire bytes). By default results are checked with the
+        mesh codec against the claimant's PeerID."""
+        if verify_result is None:
+            from transports.ble.results import verify_with_mesh_codec
+
+            verify_result = verify_with_mesh_codec
+        peripheral = BumbleOfferPeripheral(
+            await self.new_device(),
+            peer=PeerInfo(identity.peer_id, identity.public_key),
+            offer=offer,
+            verify_result=verify_result,
+            max_result_bytes=max_result_bytes,
+            faults=faults,
+        )
+        self.set_rssi(peripheral.address, rssi)
+        await peripheral.start()
+        self._peripherals.append(peripheral)
+        return peripheral
+
+    async def close(self) -> None:
+        """Stop advertising, drop links and flush every host, so that no HCI command is left in flight."""
+        for peripheral in self._peripherals:
+            await peripheral.stop()
+        for device in self._devices:
+            with contextlib.suppress(Exception):
+                if device.is_scanning:
+                    await device.stop_scanning()
+            for connection in list(device.connections.values()):
+                with contextlib.suppress(Exception):
+                    await connection.disconnect()
+        for device in self._devices:
+            with contextlib.suppress(Exception):
+                await device.power_off()
+
+
+@dataclass(frozen=True, slots=True)
+class OfferingPeerHandle:
+    """A simulated offering peer, seen from Trio."""
+
+    thread: AsyncioThread
+    peripheral: BumbleOfferPeripheral
+
+    @property
+    def address(self) -> str:
+        return self.peripheral.address  # fixed at creation: safe to read from any thread
+
+    async def wait_result(self) -> Any:
+        """The verified result (a `mesh.offers.TaskResult` with the default verifier)."""
+        return await self.thread.run(self.peripheral.wait_result)
+
+    async def state(self) -> PeripheralState:
+        async def snapshot() -> PeripheralState:
+            return self.peripheral.state()
+
+        return await self.thread.run(snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedRadioHandle:
+    """A `SimulatedRadio` on its own asyncio thread, seen from Trio."""
+
+    thread: AsyncioThread
+    radio: SimulatedRadio
+
+    async def central_backend(self) -> BleBackend:
+        """A fresh central adapter on this radio, for `BleTransport.open(..., backend=...)`."""
+        central = await self.thread.run(self.radio.new_central)
+        scanner, client = bind_central(central)
+        return BleBackend(scanner, client, self.thread)
+
+    async def add_offering_peer(
+        self, identity: HasPeerIdentity, offer: bytes, **options: Any
+    ) -> OfferingPeerHandle:
+        """See `SimulatedRadio.add_offering_peer`."""
+
+        async def add() -> BumbleOfferPeripheral:
+            return await self.radio.add_offering_peer(identity, offer, **options)
+
+        return OfferingPeerHandle(self.thread, await self.thread.run(add))
+
+
+@contextlib.asynccontextmanager
+async def open_simulated_radio() -> AsyncIterator[SimulatedRadioHandle]:
+    """From Trio: a simulated radio for the duration of the block. Close transports using it first."""
+    async with AsyncioThread.open("ble-sim") as thread:
+
+        async def make() -> SimulatedRadio:
+            radio = SimulatedRadio()
+            thread.add_closer(radio.close)
+            return radio
+
+        yield SimulatedRadioHandle(thread, await thread.run(make))

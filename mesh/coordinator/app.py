@@ -1,0 +1,327 @@
+"""The coordinator's HTTP API (Starlette): agents register, heartbeat, pull tasks and post results back.
+
+Every agent endpoint goes through `_authenticate`, in this order: body size, signature headers, clock, signature,
+rate limit, nonce. The order is cheapest-first, and nothing keyed by the agent (its bucket, its nonces) is touched
+before its signature has verified. See docs/coordinator.md for the endpoint list.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+from mesh.coordinator import signing
+from mesh.coordinator.errors import CoordinatorReason, Refused
+from mesh.coordinator.ratelimit import TokenBuckets
+from mesh.coordinator.release import disposition_of
+from mesh.coordinator.store import SANDBOX_MODES, ClaimedTask, Database, SandboxMode, Store
+from mesh.identity import NodeIdentity
+from mesh.offers import MAX_RESULT_BYTES, open_offer, open_result
+from mesh.reasons import Reason, Rejected
+
+log = structlog.get_logger("edgecoder.coordinator")
+
+MAX_JSON_BODY = 4 * 1024
+MAX_DETAIL_CHARS = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    lease_ms: int = 30_000  # a claim lapses when its agent has sent nothing for this long
+    heartbeat_ms: int = 10_000  # what agents are told to use; a third of the lease leaves two to spare
+    rate_per_s: float = 5.0  # per agent (and per offerer on enqueue)
+    burst: int = 20
+    max_lapses: int = 3  # leases lost before the task fails instead of being requeued again
+    # How long after an offer's expiry a claimed task may still report: its run may have started just in time.
+    claim_grace_ms: int = 60_000
+
+
+def _refused_response(exc: Refused) -> JSONResponse:
+    return JSONResponse(exc.to_json(), status_code=exc.status)
+
+
+def _codec_refusal(exc: Rejected) -> Refused:
+    """A payload (offer, result) refused by the codec keeps the codec's reason; it is not an HTTP auth failure."""
+    status = 413 if exc.reason is Reason.TOO_LARGE else 422
+    return Refused(str(exc.reason), exc.rejection.detail, status=status)
+
+
+def _json_object(body: bytes, allowed: frozenset[str]) -> dict[str, Any]:
+    try:
+        data = json.loads(body) if body else {}
+    except (ValueError, UnicodeDecodeError):
+        raise Refused(CoordinatorReason.MALFORMED, "body is not JSON") from None
+    if not isinstance(data, dict):
+        raise Refused(CoordinatorReason.MALFORMED, "body is not a JSON object")
+    unknown = set(data) - allowed
+    if unknown:
+        raise Refused(CoordinatorReason.MALFORMED, f"unknown field {sorted(unknown)[0]!r}")
+    return data
+
+
+def _sandbox_mode(data: dict[str, Any], *, required: bool) -> SandboxMode | None:
+    mode = data.get("sandboxMode")
+    if mode is None and not required:
+        return None
+    if mode not in SANDBOX_MODES:
+        raise Refused(CoordinatorReason.MALFORMED, f"sandboxMode must be one of {list(SANDBOX_MODES)}")
+    return mode
+
+
+def _task_id(request: Request) -> str:
+    task_id = request.path_params["task_id"]
+    if len(task_id) != 32 or any(c not in "0123456789abcdef" for c in task_id):
+        raise Refused(CoordinatorReason.MALFORMED, "a task id is 32 lowercase hex digits (the offer id)")
+    return str(task_id)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        identity: NodeIdentity | None = None,
+        clock: Callable[[], int] = signing.now_ms,
+    ) -> None:
+        self.db = db
+        self.identity = identity
+        self.settings = settings
+        self.clock = clock
+        self.agent_buckets = TokenBuckets(settings.rate_per_s, settings.burst)
+        self.offerer_buckets = TokenBuckets(settings.rate_per_s, settings.burst)
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/agents/register", self.register, methods=["POST"]),
+                Route("/agents/heartbeat", self.heartbeat, methods=["POST"]),
+                Route("/pull", self.pull, methods=["POST"]),
+                Route("/tasks", self.enqueue, methods=["POST"]),
+                Route("/tasks/{task_id}", self.task_status, methods=["GET"]),
+                Route("/tasks/{task_id}/result", self.post_result, methods=["POST"]),
+                Route("/tasks/{task_id}/release", self.release, methods=["POST"]),
+                Route("/stats", self.stats, methods=["GET"]),
+            ],
+            exception_handlers={
+                Refused: self._on_refused,
+                HTTPException: self._on_http_error,
+                Exception: self._on_crash,
+            },
+        )
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+
+    async def _on_refused(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Refused)
+        log.info("refused", path=request.url.path, reason=exc.reason, detail=exc.detail)
+        return _refused_response(exc)
+
+    async def _on_http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        reason = CoordinatorReason.NOT_FOUND if exc.status_code in (404, 405) else CoordinatorReason.MALFORMED
+        return _refused_response(Refused(reason, str(exc.detail), status=exc.status_code))
+
+    async def _on_crash(self, request: Request, exc: Exception) -> Response:
+        log.error("internal_error", path=request.url.path, error=repr(exc))
+        return _refused_response(Refused(CoordinatorReason.INTERNAL, "the coordinator failed; see its log"))
+
+    async def _body(self, request: Request, cap: int) -> bytes:
+        """The body, never more than `cap` bytes of it in memory, whatever Content-Length claims."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise Refused(CoordinatorReason.TOO_LARGE, f"{declared} bytes > cap {cap}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise Refused(CoordinatorReason.TOO_LARGE, f"more than cap {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _authenticate(self, request: Request, cap: int) -> tuple[str, bytes]:
+        """(agent key as hex, body) of a signed, fresh, first-seen, within-rate request. Raises `Refused`.
+
+        The verified nonce is kept on the request, for `_signed_json` to bind the answer to."""
+        body = await self._body(request, cap)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        now = self.clock()
+        verified = signing.verify_request(dict(request.headers), request.method, target, body, now=now)
+        if not self.agent_buckets.take(verified.agent):
+            raise Refused(CoordinatorReason.RATE_LIMITED, "too many requests from this agent; slow down")
+        agent = verified.agent.hex()
+        if not await self.db.call(
+            Store.use_nonce, self.db.store, agent, verified.nonce.hex(), now, signing.NONCE_TTL_MS
+        ):
+            raise Refused(CoordinatorReason.REPLAYED_NONCE, "this agent already sent a request with this nonce")
+        request.state.nonce = verified.nonce
+        return agent, body
+
+    def _signed_json(self, request: Request, content: Any) -> Response:
+        response = JSONResponse(content)
+        if self.identity is not None:
+            response.headers[signing.COORDINATOR_SIGNATURE] = signing.sign_response(
+                self.identity, request.state.nonce, bytes(response.body)
+            )
+        return response
+
+    async def _touch(self, agent: str, mode: SandboxMode | None = None) -> None:
+        if not await self.db.call(Store.touch, self.db.store, agent, self.clock(), mode):
+            raise Refused(CoordinatorReason.UNKNOWN_AGENT, "register first")
+
+    # -- agents ----------------------------------------------------------------------------------------------
+
+    async def register(self, request: Request) -> Response:
+        agent, body = await self._authenticate(request, MAX_JSON_BODY)
+        mode = _sandbox_mode(_json_object(body, frozenset({"sandboxMode"})), required=True)
+        assert mode is not None
+        await self.db.call(Store.register, self.db.store, agent, mode, self.clock())
+        log.info("agent_registered", agent=agent, sandbox_mode=mode)
+        return JSONResponse(
+            {"agent": agent, "leaseMs": self.settings.lease_ms, "heartbeatMs": self.settings.heartbeat_ms}
+        )
+
+    async def heartbeat(self, request: Request) -> Response:
+        agent, body = await self._authenticate(request, MAX_JSON_BODY)
+        mode = _sandbox_mode(_json_object(body, frozenset({"sandboxMode"})), required=True)
+        await self._touch(agent, mode)
+        return JSONResponse({"ok": True})
+
+    async def pull(self, request: Request) -> Response:
+        agent, body = await self._authenticate(request, MAX_JSON_BODY)
+        mode = _sandbox_mode(_json_object(body, frozenset({"sandboxMode"})), required=False)
+        outcome = await self.db.call(Store.pull, self.db.store, agent, mode, self.clock(), self.settings.lease_ms)
+        if outcome == "unknown_agent":
+            raise Refused(CoordinatorReason.UNKNOWN_AGENT, "register first")
+        if outcome == "sandbox_unavailable":
+            raise Refused(
+                CoordinatorReason.SANDBOX_UNAVAILABLE,
+                "this agent reports sandboxMode 'none'; remote tasks run only in Docker",
+            )
+        if outcome is None:
+            return self._signed_json(request, {"task": None})
+        assert isinstance(outcome, ClaimedTask)
+        log.info("task_claimed", task=outcome.task_id, agent=agent)
+        return self._signed_json(
+            request,
+            {
+                "task": {
+                    "taskId": outcome.task_id,
+                    "offer": base64.b64encode(outcome.offer).decode(),
+                    "leaseMs": self.settings.lease_ms,
+                }
+            },
+        )
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+
+    async def enqueue(self, request: Request) -> Response:
+        """Submitters post a signed offer as the raw body. The offer's own signature is the authentication."""
+        raw = await self._body(request, DEFAULT_MAX_MESSAGE_BYTES)
+        try:
+            received = open_offer(raw)
+        except Rejected as exc:
+            raise _codec_refusal(exc) from None
+        offer = received.offer
+        if not self.offerer_buckets.take(offer.offerer):
+            raise Refused(CoordinatorReason.RATE_LIMITED, "too many offers from this offerer; slow down")
+        task_id = offer.offer_id.hex()
+        deadline = offer.expires_at_ms + offer.limits.timeout_ms + self.settings.claim_grace_ms
+        fresh = await self.db.call(
+            Store.enqueue,
+            self.db.store,
+            task_id,
+            received.raw,
+            received.digest,
+            offer.offerer.hex(),
+            offer.expires_at_ms,
+            deadline,
+            self.clock(),
+        )
+        if not fresh:
+            raise Refused(CoordinatorReason.DUPLICATE_TASK, "an offer with this id was already enqueued")
+        log.info("task_enqueued", task=task_id, offerer=offer.offerer.hex())
+        return JSONResponse({"taskId": task_id}, status_code=201)
+
+    async def task_status(self, request: Request) -> Response:
+        task_id = _task_id(request)
+        row = await self.db.call(Store.task, self.db.store, task_id)
+        if row is None:
+            raise Refused(CoordinatorReason.UNKNOWN_TASK, "no such task")
+        return JSONResponse(
+            {
+                "taskId": row.task_id,
+                "state": row.state,
+                "claimedBy": row.claimed_by,
+                "claims": row.claims,
+                "reason": row.reason,
+                "detail": row.detail,
+                "result": None if row.result is None else base64.b64encode(row.result).decode(),
+            }
+        )
+
+    async def _claimed_by(self, task_id: str, agent: str) -> bytes:
+        """The offer digest of a task this agent holds the claim on; otherwise the refusal that says why not."""
+        row = await self.db.call(Store.task, self.db.store, task_id)
+        if row is None:
+            raise Refused(CoordinatorReason.UNKNOWN_TASK, "no such task")
+        if row.state != "claimed":
+            raise Refused(CoordinatorReason.NOT_CLAIMED, f"task is {row.state}, not claimed")
+        if row.claimed_by != agent:
+            raise Refused(CoordinatorReason.CLAIMED_BY_OTHER, "another agent holds the claim on this task")
+        return row.offer_digest
+
+    async def post_result(self, request: Request) -> Response:
+        task_id = _task_id(request)
+        agent, raw = await self._authenticate(request, MAX_RESULT_BYTES)
+        await self._touch(agent)
+        offer_digest = await self._claimed_by(task_id, agent)
+        try:
+            result = open_result(raw, expect_executor=bytes.fromhex(agent))
+        except Rejected as exc:
+            raise _codec_refusal(exc) from None
+        if result.offer_id.hex() != task_id or result.offer_digest != offer_digest:
+            raise Refused(CoordinatorReason.RESULT_MISMATCH, "the result names another offer")
+        if not await self.db.call(Store.complete, self.db.store, task_id, agent, raw, self.clock()):
+            # The lease lapsed between the check and now: someone else may be running it.
+            raise Refused(CoordinatorReason.NOT_CLAIMED, "the claim lapsed before the result arrived")
+        log.info("task_done", task=task_id, agent=agent, ok=result.result.ok)
+        return JSONResponse({"taskId": task_id, "state": "done", "resultSha256": hashlib.sha256(raw).hexdigest()})
+
+    async def release(self, request: Request) -> Response:
+        """The claimant's node refused the offer; `release.disposition_of` decides what becomes of the task."""
+        task_id = _task_id(request)
+        agent, body = await self._authenticate(request, MAX_JSON_BODY)
+        data = _json_object(body, frozenset({"reason", "detail"}))
+        try:
+            reason = Reason(str(data.get("reason")))
+        except ValueError:
+            raise Refused(CoordinatorReason.MALFORMED, "reason must be one of the node's reason codes") from None
+        detail = data.get("detail", "")
+        if not isinstance(detail, str) or len(detail) > MAX_DETAIL_CHARS:
+            raise Refused(CoordinatorReason.MALFORMED, f"detail must be a string of at most {MAX_DETAIL_CHARS} chars")
+        await self._touch(agent)
+        await self._claimed_by(task_id, agent)
+        disposition = disposition_of(reason)
+        if not await self.db.call(
+            Store.release, self.db.store, task_id, agent, disposition, str(reason), detail, self.clock()
+        ):
+            raise Refused(CoordinatorReason.NOT_CLAIMED, "the claim lapsed before the release arrived")
+        log.info("task_released", task=task_id, agent=agent, reason=str(reason), disposition=disposition)
+        return JSONResponse({"taskId": task_id, "disposition": disposition})
+
+    async def stats(self, request: Request) -> Response:
+        return JSONResponse(await self.db.call(Store.stats, self.db.store))

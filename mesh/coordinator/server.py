@@ -1,0 +1,58 @@
+"""Serving the coordinator: Hypercorn's trio worker, plus the reaper that takes back leases from silent agents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from mesh.coordinator.app import Coordinator, Settings
+from mesh.coordinator.signing import now_ms
+from mesh.coordinator.store import Database, Store
+from mesh.identity import NodeIdentity
+
+if TYPE_CHECKING:
+    # The installed trio-stubs (which mypy prefers to trio's own hints) only know TaskStatus from trio_typing.
+    from trio_typing import TaskStatus
+
+
+def hypercorn_config(host: str, port: int) -> Config:
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = "-"  # hypercorn's "-" is stderr; stdout carries only the ready line
+    config.graceful_timeout = 2.0
+    config.include_server_header = False
+    return config
+
+
+async def _reap_forever(db: Database, settings: Settings) -> None:
+    """`/pull` reaps before it claims, so this only keeps `GET /tasks/{id}` honest between pulls."""
+    while True:
+        await trio.sleep(max(settings.lease_ms / 4000, 0.1))
+        await db.call(Store.reap, db.store, now_ms(), settings.lease_ms)
+
+
+async def run_coordinator(
+    db_path: Path,
+    host: str,
+    port: int,
+    settings: Settings,
+    *,
+    identity: NodeIdentity | None = None,
+    task_status: TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled. Reports the URL it listens on (the real port, when `port` is 0) once it accepts."""
+    store = Store(db_path, max_lapses=settings.max_lapses)
+    db = Database(store)
+    try:
+        app = Coordinator(db, settings, identity=identity).app()
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve, app, hypercorn_config(host, port))
+            nursery.start_soon(_reap_forever, db, settings)
+            task_status.started(binds[0])
+    finally:
+        store.close()

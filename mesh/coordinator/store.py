@@ -1,0 +1,298 @@
+"""The coordinator's durable state in one SQLite file: agents, tasks, refusals and request nonces.
+
+Every method is a short synchronous transaction. `Database` runs them one at a time on a worker thread
+(`trio.to_thread.run_sync` behind a limiter of one), so the event loop never blocks on disk and the single
+connection is never used by two threads at once. WAL mode lets a reader (a test, an operator's `sqlite3`) look at
+the file while the coordinator writes it.
+
+Times are wall-clock milliseconds: they are stored, and must mean the same thing after a restart.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import trio
+
+SandboxMode = Literal["docker", "none"]
+SANDBOX_MODES: tuple[SandboxMode, ...] = ("docker", "none")
+TASK_STATES = ("queued", "claimed", "done", "failed", "expired")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agents (
+    agent          TEXT PRIMARY KEY,            -- hex Ed25519 public key
+    sandbox_mode   TEXT NOT NULL,               -- as last reported: 'docker' or 'none'
+    registered_at  INTEGER NOT NULL,
+    last_seen      INTEGER NOT NULL,            -- any authenticated request; the lease runs from here
+    pull_requests  INTEGER NOT NULL DEFAULT 0,  -- every authenticated /pull, refused or not
+    refused_pulls  INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,  -- queue order
+    task_id        TEXT NOT NULL UNIQUE,        -- hex offer id
+    offer          BLOB NOT NULL,               -- the signed offer, exactly as submitted
+    offer_digest   BLOB NOT NULL,               -- sha256(offer): a result must name it
+    offerer        TEXT NOT NULL,
+    expires_at     INTEGER NOT NULL,            -- the offer's own expiry: never handed out after it
+    deadline       INTEGER NOT NULL,            -- a claimed task still unfinished by then has expired
+    state          TEXT NOT NULL CHECK (state IN ('queued', 'claimed', 'done', 'failed', 'expired')),
+    claimed_by     TEXT,
+    claimed_at     INTEGER,
+    claims         INTEGER NOT NULL DEFAULT 0,
+    lapses         INTEGER NOT NULL DEFAULT 0,  -- leases lost to a silent agent
+    result         BLOB,                        -- the signed result, exactly as posted
+    reason         TEXT,
+    detail         TEXT,
+    enqueued_at    INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, seq);
+-- An agent whose own policy refused a task is not handed it again; other agents still are.
+CREATE TABLE IF NOT EXISTS refusals (
+    task_id  TEXT NOT NULL,
+    agent    TEXT NOT NULL,
+    reason   TEXT NOT NULL,
+    PRIMARY KEY (task_id, agent)
+);
+CREATE TABLE IF NOT EXISTS nonces (
+    agent       TEXT NOT NULL,
+    nonce       TEXT NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (agent, nonce)
+);
+CREATE INDEX IF NOT EXISTS nonces_by_expiry ON nonces (expires_at);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    task_id: str
+    offer: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    task_id: str
+    state: str
+    claimed_by: str | None
+    offer_digest: bytes
+    result: bytes | None
+    reason: str | None
+    detail: str | None
+    claims: int
+    lapses: int
+
+
+PullOutcome = Literal["unknown_agent", "sandbox_unavailable"] | ClaimedTask | None
+
+
+class Store:
+    """Synchronous and not thread-safe by itself: use it through `Database`, or from one thread."""
+
+    def __init__(self, path: Path | str, *, max_lapses: int = 3) -> None:
+        self.max_lapses = max_lapses
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a transaction takes the write lock up front
+        # and two transactions can never interleave their read-then-write.
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "PRAGMA synchronous=NORMAL"
+        )  # WAL + NORMAL survives a process kill; a power cut may lose the last commits
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- agents ----------------------------------------------------------------------------------------------
+
+    def register(self, agent: str, mode: SandboxMode, now: int) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO agents (agent, sandbox_mode, registered_at, last_seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (agent) DO UPDATE SET "
+                "sandbox_mode = excluded.sandbox_mode, last_seen = excluded.last_seen",
+                (agent, mode, now, now),
+            )
+
+    def touch(self, agent: str, now: int, mode: SandboxMode | None = None) -> bool:
+        """A sign of life (and, for a heartbeat, the sandbox mode). False for an agent that never registered."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "UPDATE agents SET last_seen = ?, sandbox_mode = coalesce(?, sandbox_mode) WHERE agent = ?",
+                (now, mode, agent),
+            )
+            return cur.rowcount == 1
+
+    def use_nonce(self, agent: str, nonce: str, now: int, ttl_ms: int) -> bool:
+        """Records the nonce; False if this agent already used it within its lifetime."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM nonces WHERE expires_at < ?", (now,))
+            cur = db.execute(
+                "INSERT OR IGNORE INTO nonces (agent, nonce, expires_at) VALUES (?, ?, ?)", (agent, nonce, now + ttl_ms)
+            )
+            return cur.rowcount == 1
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+
+    def enqueue(
+        self, task_id: str, offer: bytes, digest: bytes, offerer: str, expires_at: int, deadline: int, now: int
+    ) -> bool:
+        """False if a task with this offer id was ever enqueued: an offer runs at most once."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO tasks (task_id, offer, offer_digest, offerer, expires_at, deadline, state, "
+                "enqueued_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
+                (task_id, offer, digest, offerer, expires_at, deadline, now, now),
+            )
+            return cur.rowcount == 1
+
+    def pull(self, agent: str, mode: SandboxMode | None, now: int, lease_ms: int) -> PullOutcome:
+        """Claim the oldest task this agent may run, in one transaction.
+
+        The sandbox check comes before any task is touched: an agent that cannot sandbox claims nothing, so nothing
+        has to be requeued behind it.
+        """
+        with self._transaction() as db:
+            row = db.execute("SELECT sandbox_mode FROM agents WHERE agent = ?", (agent,)).fetchone()
+            if row is None:
+                return "unknown_agent"
+            effective = mode or row[0]
+            refused = effective != "docker"
+            db.execute(
+                "UPDATE agents SET last_seen = ?, sandbox_mode = ?, pull_requests = pull_requests + 1, "
+                "refused_pulls = refused_pulls + ? WHERE agent = ?",
+                (now, effective, int(refused), agent),
+            )
+            if refused:
+                return "sandbox_unavailable"
+            self._reap(db, now, lease_ms)
+            found = db.execute(
+                "SELECT task_id, offer FROM tasks WHERE state = 'queued' AND expires_at > ? AND task_id NOT IN "
+                "(SELECT task_id FROM refusals WHERE agent = ?) ORDER BY seq LIMIT 1",
+                (now, agent),
+            ).fetchone()
+            if found is None:
+                return None
+            db.execute(
+                "UPDATE tasks SET state = 'claimed', claimed_by = ?, claimed_at = ?, claims = claims + 1, "
+                "updated_at = ? WHERE task_id = ?",
+                (agent, now, now, found[0]),
+            )
+            return ClaimedTask(found[0], bytes(found[1]))
+
+    def task(self, task_id: str) -> TaskRow | None:
+        row = self._db.execute(
+            "SELECT task_id, state, claimed_by, offer_digest, result, reason, detail, claims, lapses "
+            "FROM tasks WHERE task_id = ?",
+            (task_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return TaskRow(row[0], row[1], row[2], bytes(row[3]), None if row[4] is None else bytes(row[4]), *row[5:])
+
+    def complete(self, task_id: str, agent: str, result: bytes, now: int) -> bool:
+        """Store the verified result, if the agent still holds the claim (its lease may have lapsed meanwhile)."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "UPDATE tasks SET state = 'done', result = ?, updated_at = ? "
+                "WHERE task_id = ? AND state = 'claimed' AND claimed_by = ?",
+                (result, now, task_id, agent),
+            )
+            return cur.rowcount == 1
+
+    def release(self, task_id: str, agent: str, disposition: str, reason: str, detail: str, now: int) -> bool:
+        """The claimant's node refused the offer. `disposition` is 'failed', 'requeue' or 'requeue_elsewhere'."""
+        with self._transaction() as db:
+            held = db.execute(
+                "SELECT 1 FROM tasks WHERE task_id = ? AND state = 'claimed' AND claimed_by = ?", (task_id, agent)
+            ).fetchone()
+            if held is None:
+                return False
+            if disposition == "failed":
+                db.execute(
+                    "UPDATE tasks SET state = 'failed', reason = ?, detail = ?, updated_at = ? WHERE task_id = ?",
+                    (reason, detail, now, task_id),
+                )
+                return True
+            if disposition == "requeue_elsewhere":
+                db.execute(
+                    "INSERT OR REPLACE INTO refusals (task_id, agent, reason) VALUES (?, ?, ?)",
+                    (task_id, agent, reason),
+                )
+            db.execute(
+                "UPDATE tasks SET state = 'queued', claimed_by = NULL, claimed_at = NULL, reason = ?, detail = ?, "
+                "updated_at = ? WHERE task_id = ?",
+                (reason, detail, now, task_id),
+            )
+            return True
+
+    def reap(self, now: int, lease_ms: int) -> None:
+        with self._transaction() as db:
+            self._reap(db, now, lease_ms)
+
+    def _reap(self, db: sqlite3.Connection, now: int, lease_ms: int) -> None:
+        """Expire what is past its time, and take claims back from agents silent for longer than a lease."""
+        db.execute(
+            "UPDATE tasks SET state = 'expired', reason = 'expired', updated_at = ? WHERE state = 'queued' AND "
+            "expires_at <= ?",
+            (now, now),
+        )
+        db.execute(
+            "UPDATE tasks SET state = 'expired', reason = 'expired', updated_at = ? WHERE state = 'claimed' AND "
+            "deadline <= ?",
+            (now, now),
+        )
+        silent = "SELECT agent FROM agents WHERE last_seen < ?"
+        db.execute(
+            f"UPDATE tasks SET lapses = lapses + 1, updated_at = ?, state = CASE WHEN lapses + 1 >= ? THEN 'failed' "
+            f"ELSE 'queued' END, reason = 'lease_expired', detail = 'claiming agent went silent', "
+            f"claimed_by = NULL, claimed_at = NULL WHERE state = 'claimed' AND claimed_by IN ({silent})",
+            (now, self.max_lapses, now - lease_ms),
+        )
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def agent_known(self, agent: str) -> bool:
+        return self._db.execute("SELECT 1 FROM agents WHERE agent = ?", (agent,)).fetchone() is not None
+
+    def stats(self) -> dict[str, Any]:
+        counts = dict.fromkeys(TASK_STATES, 0)
+        counts.update(self._db.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
+        agents = [
+            {"agent": a, "sandboxMode": m, "lastSeen": s, "pullRequests": p, "refusedPulls": r}
+            for a, m, s, p, r in self._db.execute(
+                "SELECT agent, sandbox_mode, last_seen, pull_requests, refused_pulls FROM agents ORDER BY agent"
+            )
+        ]
+        return {"tasks": counts, "agents": agents}
+
+
+T = TypeVar("T")
+
+
+class Database:
+    """The async face of `Store`: each call runs on a worker thread, one at a time."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        # Not abandoned on cancel: a transaction that started is allowed to finish, so state is never half-written.
+        return await trio.to_thread.run_sync(partial(fn, *args), limiter=self._limiter)

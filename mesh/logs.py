@@ -1,0 +1,31 @@
+"""Structured logs on stderr: human-readable by default, one JSON object a line with `--log-json`.
+
+stdout is kept for the machine-readable contract (the `ready` line, results), so logs never go there.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(*, json_lines: bool = False, level: int = logging.INFO) -> None:
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # libp2p logs expected noise at shutdown (unclosed sockets, multiselect errors): keep it out of the way.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)

@@ -8,7 +8,7 @@ overridden here, each with its reason:
 - muxer: yamux only. The default list falls back to mplex, which has no flow control.
 - `ConnectionConfig(max_connections_per_peer=1)`: with the default (3) every dial waits on a 250 ms fallback timer in
   `network/swarm.py`; with 1 a loopback connect takes under 10 ms.
-- no mDNS, UPnP or bootstrap: peers are only those the node dials or that dial it.
+- no mDNS, UPnP, bootstrap or auto-connector: peers are only those the node dials or that dial it.
 """
 
 from __future__ import annotations
@@ -127,6 +127,15 @@ class P2PHost:
         return [p.to_base58() for p in self.host.get_connected_peers()]
 
 
+async def _stop_auto_connector(host: IHost) -> None:
+    # The swarm's auto-connector starts with the network and keeps dialling every peer in the peerstore (addresses
+    # learned through identify included) until it holds 100 connections. A mesh node talks to the peers it chose
+    # to dial and those that dialled it, nothing more; `stop()` makes its periodic and on-disconnect runs no-ops.
+    auto_connector = getattr(host.get_network(), "auto_connector", None)
+    if auto_connector is not None:
+        await auto_connector.stop()
+
+
 @asynccontextmanager
 async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncIterator[P2PHost]:
     """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close."""
@@ -140,6 +149,7 @@ async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncItera
         listen_addrs=[multiaddr.Multiaddr(a) for a in listen],
     )
     async with host.run(listen_addrs=[multiaddr.Multiaddr(a) for a in listen]):
+        await _stop_auto_connector(host)
         try:
             yield P2PHost(host)
         finally:

@@ -1,0 +1,329 @@
+"""Direct request/response streams between two peers: offers addressed to us, claims and results to the offerer.
+
+Each exchange is one stream carrying one request frame and one answer frame (see `transports.framing`). Answers
+are canonical msgpack maps:
+
+    {"type": "result", "result": <signed result bytes>}     offer stream, after the work ran
+    {"type": "grant"}                                        claim stream
+    {"type": "ack"}                                          result stream
+    {"type": "refusal", "reason": <Reason>, "detail": str}   any stream
+
+Every server handler is bounded in time (a stalled peer costs at most `stall_timeout`, an admitted offer at most
+`result_timeout`), answers with a typed refusal where the stream still allows it, and never raises into libp2p.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+from libp2p.abc import INetStream
+
+from mesh.codec import pack, unpack_strict
+from mesh.offers import MAX_RESULT_BYTES, OFFER_ID_SIZE
+from mesh.reasons import Reason, Rejected, Rejection
+from transports.base import Admitted, Delivery, OfferSink
+from transports.framing import FrameError, FrameFault, read_frame, write_frame
+from transports.p2p import DialError, P2PHost
+
+log = logging.getLogger(__name__)
+
+OFFER_PROTOCOL = "/edgecoder/offer/1.0.0"
+CLAIM_PROTOCOL = "/edgecoder/claim/1.0.0"
+RESULT_PROTOCOL = "/edgecoder/result/1.0.0"
+
+# A signed result plus the answer map around it.
+MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
+# A claim request or any answer other than a result: a type, an id, a reason and a short detail.
+MAX_CONTROL_FRAME = 4 * 1024
+# Bounds a write to a peer that stopped reading (its yamux window is full).
+WRITE_TIMEOUT = 5.0
+
+_FRAME_REASONS = {
+    FrameFault.TOO_LARGE: Reason.TOO_LARGE,
+    FrameFault.TIMEOUT: Reason.TIMEOUT,
+    # EOF in the middle of a frame: what arrived is not a message.
+    FrameFault.CLOSED: Reason.MALFORMED,
+}
+
+
+class OfferDesk(Protocol):
+    """The offerer's side of claims and results. Implemented by `mesh.claims`."""
+
+    async def grant_claim(self, offer_id: bytes, claimant: str) -> Rejection | None:
+        """None grants the claim."""
+        ...
+
+    async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:
+        """None acknowledges the result."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DirectAnswer:
+    result: bytes | None
+    refusal: Rejection | None
+
+
+class ReplyError(Exception):
+    """The result could not be written back: the offer stream timed out, closed, or was answered already."""
+
+
+def refusal_message(rejection: Rejection) -> dict[str, Any]:
+    return {"type": "refusal", "reason": str(rejection.reason), "detail": rejection.detail[:512]}
+
+
+def decode_answer(frame: bytes, expected: str) -> dict[str, Any] | Rejection:
+    """The answer map of type `expected`, or the peer's refusal, or `malformed` for anything else."""
+    try:
+        answer = unpack_strict(frame, max_size=MAX_RESULT_FRAME)
+    except Rejected as exc:
+        return Rejection(Reason.MALFORMED, f"answer: {exc.rejection.detail}")
+    if not isinstance(answer, dict):
+        return Rejection(Reason.MALFORMED, "answer is not a map")
+    kind = answer.get("type")
+    if kind == "refusal":
+        reason, detail = answer.get("reason"), answer.get("detail", "")
+        try:
+            return Rejection(Reason(str(reason)), detail if isinstance(detail, str) else "")
+        except ValueError:
+            return Rejection(Reason.MALFORMED, f"peer refused with an unknown reason {str(reason)[:64]!r}")
+    if kind != expected:
+        return Rejection(Reason.MALFORMED, f"expected a {expected!r} answer, got {str(kind)[:32]!r}")
+    return answer
+
+
+def _remote_peer(stream: INetStream) -> str:
+    return str(stream.muxed_conn.peer_id.to_base58())
+
+
+async def _send(stream: INetStream, message: dict[str, Any]) -> bool:
+    """Write one answer; False when the stream no longer takes writes (the peer left, or stopped reading)."""
+    try:
+        with trio.fail_after(WRITE_TIMEOUT):
+            await write_frame(stream, pack(message))
+    except (Exception, trio.TooSlowError):
+        return False
+    return True
+
+
+async def _close(stream: INetStream) -> None:
+    with trio.move_on_after(WRITE_TIMEOUT):
+        try:
+            await stream.close()
+        except Exception:  # already reset by the peer: nothing left to close
+            await stream.reset()
+
+
+class _OfferExchange:
+    """One admitted offer waiting for its result: `reply` writes it on the stream the offer came in on."""
+
+    def __init__(self, stream: INetStream) -> None:
+        self.stream = stream
+        self.lock = trio.Lock()  # the reply and the timeout refusal must not interleave on the stream
+        # Set once the result is written (or failed to be): only then may the handler close the stream.
+        self.answered = trio.Event()
+        self.replied = False
+        self.expired = False
+
+    async def reply(self, result: bytes) -> None:
+        async with self.lock:
+            if self.replied:
+                raise ReplyError("this offer was answered already")
+            if self.expired:
+                raise ReplyError("the offerer's stream timed out before the result was ready")
+            self.replied = True
+            try:
+                written = await _send(self.stream, {"type": "result", "result": result})
+            finally:
+                self.answered.set()
+            if not written:
+                raise ReplyError("the offerer's stream closed before the result could be written")
+
+    async def expire(self) -> bool:
+        """Refuse with `timeout` unless the result got there first; True when we refused."""
+        async with self.lock:
+            self.expired = True
+            if self.replied:
+                return False
+            await _send(self.stream, refusal_message(Rejection(Reason.TIMEOUT, "no result in time")))
+            return True
+
+
+class DirectTransport:
+    def __init__(
+        self,
+        host: P2PHost,
+        sink: OfferSink,
+        desk: OfferDesk,
+        *,
+        max_frame: int = 256 * 1024 + 1024,
+        stall_timeout: float = 10.0,
+        result_timeout: float = 120.0,
+    ) -> None:
+        self.host = host
+        self.sink = sink
+        self.desk = desk
+        self.max_frame = max_frame
+        self.stall_timeout = stall_timeout
+        self.result_timeout = result_timeout
+        # Refusals we sent, by reason, and handlers currently running (tests prove a stalled one is freed).
+        self.refused: Counter[str] = Counter()
+        self.active_handlers = 0
+        host.set_handler(OFFER_PROTOCOL, self._guarded(self._serve_offer))
+        host.set_handler(CLAIM_PROTOCOL, self._guarded(self._serve_claim))
+        host.set_handler(RESULT_PROTOCOL, self._guarded(self._serve_result))
+
+    # -- server side -------------------------------------------------------------------------------------------
+
+    def _guarded(self, serve: Callable[[INetStream], Awaitable[None]]) -> Callable[[INetStream], Awaitable[None]]:
+        """Whatever happens in `serve`, libp2p sees a handler that returns, and the stream is closed."""
+
+        async def handler(stream: INetStream) -> None:
+            self.active_handlers += 1
+            try:
+                await serve(stream)
+            except Exception:
+                log.exception("direct stream handler failed; resetting the stream")
+                with trio.move_on_after(WRITE_TIMEOUT):
+                    await stream.reset()
+            finally:
+                self.active_handlers -= 1
+                await _close(stream)
+
+        return handler
+
+    async def _refuse(self, stream: INetStream, rejection: Rejection) -> None:
+        self.refused[str(rejection.reason)] += 1
+        await _send(stream, refusal_message(rejection))
+
+    async def _read_request(self, stream: INetStream, max_len: int) -> bytes | None:
+        try:
+            return await read_frame(stream, max_len=max_len, timeout=self.stall_timeout)
+        except FrameError as exc:
+            await self._refuse(stream, Rejection(_FRAME_REASONS[exc.reason], exc.detail))
+            return None
+
+    async def _serve_offer(self, stream: INetStream) -> None:
+        raw = await self._read_request(stream, self.max_frame)
+        if raw is None:
+            return
+        if not self.sink.participating:
+            await self._refuse(stream, Rejection(Reason.SANDBOX_UNAVAILABLE, "this node is not taking offers"))
+            return
+        exchange = _OfferExchange(stream)
+        with trio.move_on_after(self.result_timeout):
+            verdict = await self.sink.deliver(
+                Delivery(raw, "direct", sender=_remote_peer(stream), reply=exchange.reply)
+            )
+            if not isinstance(verdict, Admitted):
+                await self._refuse(stream, verdict)
+                return
+            await exchange.answered.wait()
+            return
+        if await exchange.expire():
+            self.refused[str(Reason.TIMEOUT)] += 1
+
+    async def _serve_claim(self, stream: INetStream) -> None:
+        frame = await self._read_request(stream, MAX_CONTROL_FRAME)
+        if frame is None:
+            return
+        try:
+            request = unpack_strict(frame, max_size=MAX_CONTROL_FRAME)
+        except Rejected as exc:
+            await self._refuse(stream, exc.rejection)
+            return
+        is_claim = isinstance(request, dict) and request.get("type") == "claim"
+        offer_id = request.get("offerId") if is_claim else None
+        if not isinstance(offer_id, bytes) or len(offer_id) != OFFER_ID_SIZE:
+            await self._refuse(stream, Rejection(Reason.MALFORMED, "expected {type: claim, offerId: 16 bytes}"))
+            return
+        await self._answer_from_desk(stream, self.desk.grant_claim(offer_id, _remote_peer(stream)), "grant")
+
+    async def _serve_result(self, stream: INetStream) -> None:
+        raw = await self._read_request(stream, MAX_RESULT_FRAME)
+        if raw is None:
+            return
+        await self._answer_from_desk(stream, self.desk.accept_result(raw, _remote_peer(stream)), "ack")
+
+    async def _answer_from_desk(self, stream: INetStream, decision: Awaitable[Rejection | None], ok: str) -> None:
+        # The desk is local and should answer at once; the bound keeps a slow one from pinning the stream.
+        with trio.move_on_after(self.stall_timeout):
+            rejection = await decision
+            if rejection is None:
+                await _send(stream, {"type": ok})
+            else:
+                await self._refuse(stream, rejection)
+            return
+        await self._refuse(stream, Rejection(Reason.TIMEOUT, "the offerer did not decide in time"))
+
+    # -- client side -------------------------------------------------------------------------------------------
+
+    async def _exchange(
+        self, peer: str, protocol: str, payload: bytes, expected: str, *, answer_timeout: float, max_answer: int
+    ) -> dict[str, Any] | Rejection:
+        """Send one request frame and read one answer. Network failures become a `timeout` refusal."""
+        try:
+            peer_id = await self.host.ensure_connected(peer)
+            stream = await self.host.open_stream(peer_id, protocol)
+        except DialError as exc:
+            return Rejection(Reason.TIMEOUT, f"unreachable: {exc}")
+        try:
+            try:
+                with trio.fail_after(WRITE_TIMEOUT):
+                    await write_frame(stream, payload)
+            except (Exception, trio.TooSlowError) as exc:
+                return Rejection(Reason.TIMEOUT, f"could not send to {peer_id}: {type(exc).__name__}")
+            try:
+                frame = await read_frame(stream, max_len=max_answer, timeout=answer_timeout)
+            except FrameError as exc:
+                return Rejection(_FRAME_REASONS[exc.reason], f"answer from {peer_id}: {exc.detail}")
+            return decode_answer(frame, expected)
+        finally:
+            await _close(stream)
+
+    async def send_offer(self, maddr_or_peer: str, offer_raw: bytes) -> DirectAnswer:
+        """Offer work directly to one peer and wait for its signed result (or its refusal)."""
+        answer = await self._exchange(
+            maddr_or_peer,
+            OFFER_PROTOCOL,
+            offer_raw,
+            "result",
+            # The executor's own deadline plus a margin for the round trip: the server times out first.
+            answer_timeout=self.result_timeout + self.stall_timeout,
+            max_answer=MAX_RESULT_FRAME,
+        )
+        if isinstance(answer, Rejection):
+            return DirectAnswer(None, answer)
+        result = answer.get("result")
+        if not isinstance(result, bytes):
+            return DirectAnswer(None, Rejection(Reason.MALFORMED, "result answer carries no bytes"))
+        return DirectAnswer(result, None)
+
+    async def request_claim(self, peer: str, offer_id: bytes) -> Rejection | None:
+        """Ask the offerer for the right to run `offer_id`. None means granted."""
+        answer = await self._exchange(
+            peer,
+            CLAIM_PROTOCOL,
+            pack({"type": "claim", "offerId": offer_id}),
+            "grant",
+            answer_timeout=self.stall_timeout,
+            max_answer=MAX_CONTROL_FRAME,
+        )
+        return answer if isinstance(answer, Rejection) else None
+
+    async def send_result(self, peer: str, result_raw: bytes) -> Rejection | None:
+        """Carry a signed result back to the offerer. None means acknowledged."""
+        answer = await self._exchange(
+            peer,
+            RESULT_PROTOCOL,
+            result_raw,
+            "ack",
+            answer_timeout=self.stall_timeout,
+            max_answer=MAX_CONTROL_FRAME,
+        )
+        return answer if isinstance(answer, Rejection) else None

@@ -3,10 +3,13 @@
 A message travels as a *stream*: the message bytes followed by a 16-byte BLAKE2b digest of them. The stream is cut
 into frames that each fit one ATT packet:
 
-    frame 0:  seq (u16, big-endian) = 0 | total message length (u32) | stream bytes...
+    frame 0:  seq (u16, big-endian) = 0 | message number (u8) | total message length (u32) | stream bytes...
     frame n:  seq (u16) = n             | stream bytes...
 
-Why this shape: the header of frame 0 is 6 bytes, so a 20-byte packet (the only size guaranteed before an MTU
+Messages on one stream (one characteristic, one direction, one link) are numbered 0, 1, 2... (mod 256), so that a
+repeated single-frame message is caught like any repeated chunk.
+
+Why this shape: the header of frame 0 is 7 bytes, so a 20-byte packet (the only size guaranteed before an MTU
 exchange) still carries data. Sequence numbers catch a missing, duplicated or reordered chunk at the chunk where it
 happens; the declared length is checked against the cap before anything is buffered; the trailing digest catches a
 corrupted byte anywhere. The digest is for integrity of the transfer only: authenticity comes from the signature
@@ -22,8 +25,8 @@ from transports.ble.reasons import BleFault, BleReason
 
 DIGEST_SIZE = 16
 SEQ = struct.Struct(">H")
-TOTAL = struct.Struct(">I")
-FIRST_HEADER_SIZE = SEQ.size + TOTAL.size
+START = struct.Struct(">BI")  # message number, total length
+FIRST_HEADER_SIZE = SEQ.size + START.size
 MIN_FRAME_SIZE = FIRST_HEADER_SIZE + 1
 MAX_FRAMES = 1 << 16
 # The attribute value limit: no single ATT value may exceed 512 bytes, whatever the MTU.
@@ -42,8 +45,8 @@ def notify_frame_size(att_mtu: int) -> int:
     return max(MIN_FRAME_SIZE, min(att_mtu - 3, MAX_ATTRIBUTE_SIZE))
 
 
-def encode_frames(message: bytes, frame_size: int) -> list[bytes]:
-    """Cut `message` into frames of at most `frame_size` bytes each."""
+def encode_frames(message: bytes, frame_size: int, number: int = 0) -> list[bytes]:
+    """Cut `message`, the `number`th on its stream, into frames of at most `frame_size` bytes each."""
     if not MIN_FRAME_SIZE <= frame_size <= MAX_ATTRIBUTE_SIZE:
         raise ValueError(f"frame size {frame_size} outside [{MIN_FRAME_SIZE}, {MAX_ATTRIBUTE_SIZE}]")
     if len(message) >= 1 << 32:
@@ -51,7 +54,7 @@ def encode_frames(message: bytes, frame_size: int) -> list[bytes]:
     stream = message + message_digest(message)
     first_room = frame_size - FIRST_HEADER_SIZE
     room = frame_size - SEQ.size
-    frames = [SEQ.pack(0) + TOTAL.pack(len(message)) + stream[:first_room]]
+    frames = [SEQ.pack(0) + START.pack(number % 256, len(message)) + stream[:first_room]]
     offset = first_room
     while offset < len(stream):
         if len(frames) >= MAX_FRAMES:
@@ -73,6 +76,7 @@ class Reassembler:
         self._buffer = bytearray()
         self._expected_seq = 0
         self._stream_len = 0
+        self._next_number = 0
 
     @property
     def in_progress(self) -> bool:
@@ -100,7 +104,10 @@ class Reassembler:
         if seq == 0:
             if len(frame) < MIN_FRAME_SIZE:
                 raise BleFault(BleReason.MALFORMED_FRAME, "first frame shorter than its header")
-            (total,) = TOTAL.unpack_from(frame, SEQ.size)
+            number, total = START.unpack_from(frame, SEQ.size)
+            if number != self._next_number:
+                code = BleReason.DUPLICATE_CHUNK if number == (self._next_number - 1) % 256 else BleReason.OUT_OF_ORDER
+                raise BleFault(code, f"expected message {self._next_number}, got {number}")
             if total > self.max_message:
                 raise BleFault(BleReason.TOO_LARGE, f"declared {total} bytes, cap {self.max_message}")
             self._stream_len = total + DIGEST_SIZE
@@ -117,6 +124,7 @@ class Reassembler:
             return None
         message, digest = bytes(self._buffer[:-DIGEST_SIZE]), bytes(self._buffer[-DIGEST_SIZE:])
         self.reset()
+        self._next_number = (self._next_number + 1) % 256
         if message_digest(message) != digest:
             raise BleFault(BleReason.DIGEST_MISMATCH, f"{len(message)}-byte message")
         return message

@@ -85,6 +85,7 @@ class GattLink:
         self.client = client
         self.idle_timeout = idle_timeout
         self._inboxes: list[Inbox] = []
+        self._sent: dict[str, int] = {}  # messages sent so far, per characteristic: numbers the next one
 
     def on_disconnect(self) -> None:
         for inbox in self._inboxes:
@@ -115,5 +116,7 @@ class GattLink:
 
     async def send(self, uuid: str, message: bytes) -> None:
         """Write a framed message, one write request per frame (each acknowledged, so the peer sets the pace)."""
-        for frame in encode_frames(message, notify_frame_size(self.client.mtu_size)):
+        number = self._sent.get(uuid, 0)
+        self._sent[uuid] = number + 1
+        for frame in encode_frames(message, notify_frame_size(self.client.mtu_size), number):
             await self.write_raw(uuid, frame)

@@ -62,6 +62,9 @@ class PeripheralFaults:
 class _ConnectionState:
     exchange: Reassembler
     claimant: str | None = None  # set once this connection's claim was granted
+    # Messages notified so far on this link, per characteristic: numbers the next one (see `framing`).
+    offers_sent: int = 0
+    answers_sent: int = 0
 
 
 @dataclass(slots=True)
@@ -204,7 +207,11 @@ class BumbleOfferPeripheral:
             self._spawn(self._send_offer(connection))
 
     async def _send_offer(self, connection: Connection) -> None:
-        frames = encode_frames(self.offer, notify_frame_size(connection.att_mtu))
+        state = self._connections.get(connection.handle)
+        if state is None:
+            return
+        state.offers_sent += 1
+        frames = encode_frames(self.offer, notify_frame_size(connection.att_mtu), state.offers_sent - 1)
         if self.faults.tamper_offer is not None:
             frames = self.faults.tamper_offer(frames)
         if self.faults.stall_offer_after is not None:
@@ -224,7 +231,7 @@ class BumbleOfferPeripheral:
             message = state.exchange.feed(value)
         except BleFault as fault:
             kind = Kind.GRANT if state.claimant is None else Kind.RESULT_ACK
-            self._answer(connection, Answer(kind, False, f"ble/{fault.code}"))
+            self._answer(connection, state, Answer(kind, False, f"ble/{fault.code}"))
             return
         if message is None:
             return
@@ -233,11 +240,14 @@ class BumbleOfferPeripheral:
         elif message[:1] == bytes([Kind.RESULT]):
             self._on_result(connection, state, message[1:])
         else:
-            self._answer(connection, Answer(Kind.RESULT_ACK, False, "unknown message kind"))
+            self._answer(connection, state, Answer(Kind.RESULT_ACK, False, "unknown message kind"))
 
-    def _answer(self, connection: Connection, answer: Answer) -> None:
+    def _answer(self, connection: Connection, state: _ConnectionState, answer: Answer) -> None:
+        number = state.answers_sent
+        state.answers_sent += 1
+
         async def send() -> None:
-            for frame in encode_frames(answer.encode(), notify_frame_size(connection.att_mtu)):
+            for frame in encode_frames(answer.encode(), notify_frame_size(connection.att_mtu), number):
                 await self.device.notify_subscriber(connection, self._exchange_char, frame)
 
         self._spawn(send())
@@ -249,7 +259,7 @@ class BumbleOfferPeripheral:
         try:
             claim = Claim.decode_body(body)
         except BleFault as fault:
-            self._answer(connection, Answer(Kind.GRANT, False, f"ble/{fault.code}"))
+            self._answer(connection, state, Answer(Kind.GRANT, False, f"ble/{fault.code}"))
             return
         if claim.offer_digest != offer_digest(self.offer):
             granted, detail = False, "unknown offer"
@@ -262,22 +272,22 @@ class BumbleOfferPeripheral:
         if granted:
             state.claimant = claim.claimant
         self.claims.append(ClaimRecord(claim.claimant, granted, detail))
-        self._answer(connection, Answer(Kind.GRANT, granted, detail))
+        self._answer(connection, state, Answer(Kind.GRANT, granted, detail))
 
     def _on_result(self, connection: Connection, state: _ConnectionState, raw: bytes) -> None:
         if state.claimant is None:
-            self._refuse_result(connection, "no granted claim on this link")
+            self._refuse_result(connection, state, "no granted claim on this link")
             return
         try:
             verified = self.verify_result(raw, state.claimant, self.offer)
         except Exception as exc:  # the verifier's own typed rejection, or any decoding failure: all refusals
-            self._refuse_result(connection, f"{type(exc).__name__}: {exc}")
+            self._refuse_result(connection, state, f"{type(exc).__name__}: {exc}")
             return
         if self.result is None:
             self.result, self.result_raw = verified, raw
             self._result_ready.set()
-        self._answer(connection, Answer(Kind.RESULT_ACK, True))
+        self._answer(connection, state, Answer(Kind.RESULT_ACK, True))
 
-    def _refuse_result(self, connection: Connection, detail: str) -> None:
+    def _refuse_result(self, connection: Connection, state: _ConnectionState, detail: str) -> None:
         self.results_refused.append(detail)
-        self._answer(connection, Answer(Kind.RESULT_ACK, False, detail))
+        self._answer(connection, state, Answer(Kind.RESULT_ACK, False, detail))

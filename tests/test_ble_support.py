@@ -63,6 +63,7 @@ class FakeIntake:
     deliveries: list[Delivery] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
     reply_errors: list[BaseException] = field(default_factory=list)
+    decided: trio.Event = field(default_factory=trio.Event)
     # Set to run the "task" after `deliver` returns (as a real intake with a work queue does).
     background: trio.Nursery | None = None
     before_reply: Callable[[], Awaitable[None]] | None = None
@@ -71,6 +72,7 @@ class FakeIntake:
         self.deliveries.append(delivery)
         verdict = await self._decide(delivery)
         self.verdicts.append(verdict)
+        self.decided.set()
         return verdict
 
     async def _decide(self, delivery: Delivery) -> Verdict:

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from functools import partial
 from pathlib import Path
 
 import click
-import structlog
 import trio
 
 from mesh.coordinator.app import Settings
 from mesh.coordinator.server import run_coordinator
 from mesh.identity import KeyFileError, NodeIdentity
+from mesh.logs import configure as configure_logs
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -111,8 +110,7 @@ def coordinator(
         burst=burst,
         max_lapses=max_lapses,
     )
-    # Logs go to stderr: stdout carries the ready line, which callers parse.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    configure_logs()  # on stderr: stdout carries the ready line, which callers parse
     try:
         trio.run(_serve_until_signalled, db, host, port, settings, identity)
     except OSError as exc:

@@ -1,0 +1,256 @@
+"""The coordinator pull transport: the node as an agent of a coordinator (`mesh/coordinator/`), pulling queued offers.
+
+Like every transport it knows nothing of Docker: it is told the sandbox mode (`sandbox_mode()`, the gate's view) and
+whether the node takes remote work (`sink.participating`). It always registers and heartbeats, reporting the sandbox
+mode honestly, and it calls `/pull` only while the mode is "docker" and the sink participates. Both are read just
+before each pull, so a withdrawn gate stops the pulling at the next poll.
+
+A pulled task is already claimed by `/pull`, so its `Delivery.claim` returns True without asking anyone. Its reply
+POSTs the signed result to `/tasks/{id}/result`. If the sink refuses the offer, the refusal goes back to
+`/tasks/{id}/release` with the node's reason, and the coordinator decides whether the task fails or is requeued
+(see `mesh/coordinator/release.py`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import structlog
+import trio
+
+from mesh.coordinator import signing
+from mesh.identity import NodeIdentity
+from mesh.reasons import Rejection
+from transports.base import Delivery, OfferSink, Verdict
+
+log = structlog.get_logger("edgecoder.transports.coordinator")
+
+TRANSPORT_NAME = "coordinator"
+JSON = "application/json"
+OCTETS = "application/octet-stream"
+POST_ATTEMPTS = 4
+
+
+class CoordinatorRefused(Exception):
+    """The coordinator answered with a typed refusal `{"reason", "detail"}`."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(f"{status} {reason}: {detail}")
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class PulledTask:
+    task_id: str
+    offer: bytes
+
+
+async def _already_claimed() -> bool:
+    """`/pull` claimed the task for this agent before handing it over."""
+    return True
+
+
+def _reported_mode(mode: str) -> str:
+    # The coordinator knows two modes; anything short of a working Docker sandbox is "none".
+    return "docker" if mode == "docker" else "none"
+
+
+class CoordinatorPullTransport:
+    def __init__(
+        self,
+        url: str,
+        identity: NodeIdentity,
+        sink: OfferSink,
+        sandbox_mode: Callable[[], str],
+        *,
+        poll_interval: float = 1.0,
+        heartbeat_interval: float | None = None,
+        max_backoff: float = 30.0,
+        request_timeout: float = 10.0,
+        coordinator_key: bytes | None = None,
+    ) -> None:
+        """`heartbeat_interval` None uses the interval the coordinator asks for at registration.
+
+        With `coordinator_key`, a /pull answer must carry that coordinator's signature (see `signing`) or it is
+        ignored.
+        """
+        self.url = url.rstrip("/")
+        self.identity = identity
+        self.sink = sink
+        self.sandbox_mode = sandbox_mode
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.max_backoff = max_backoff
+        self.request_timeout = request_timeout
+        self.coordinator_key = coordinator_key
+        self.registered = trio.Event()
+        self._client: httpx.AsyncClient | None = None
+        # Plain counters, for the node's status output and for tests.
+        self.pull_requests = 0
+        self.delivered = 0
+        self.released = 0
+        self.results_posted = 0
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Register, then heartbeat and pull until cancelled. Network trouble is logged and retried, never raised."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=self.request_timeout) as client:
+            self._client = client
+            try:
+                heartbeat_s = await self._register_until_done()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._heartbeat_forever, self.heartbeat_interval or heartbeat_s)
+                    nursery.start_soon(self._pull_forever)
+            finally:
+                self._client = None
+
+    def may_pull(self) -> bool:
+        return self.sandbox_mode() == "docker" and self.sink.participating
+
+    async def _register_until_done(self) -> float:
+        backoff = self.poll_interval
+        while True:
+            try:
+                answer = await self._call_json("/agents/register", {"sandboxMode": _reported_mode(self.sandbox_mode())})
+            except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
+                log.warning("coordinator_register_failed", url=self.url, error=str(exc), retry_in=backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+                continue
+            self.registered.set()
+            log.info("coordinator_registered", url=self.url, sandbox_mode=self.sandbox_mode())
+            heartbeat_ms = answer.get("heartbeatMs")
+            return heartbeat_ms / 1000 if isinstance(heartbeat_ms, int) and heartbeat_ms > 0 else 10.0
+
+    async def _heartbeat_forever(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self._call_json("/agents/heartbeat", {"sandboxMode": _reported_mode(self.sandbox_mode())})
+            except CoordinatorRefused as exc:
+                if exc.reason == "unknown_agent":  # the coordinator lost its state: introduce ourselves again
+                    await self._register_until_done()
+                else:
+                    log.warning("coordinator_heartbeat_refused", reason=exc.reason, detail=exc.detail)
+            except (httpx.HTTPError, ValueError) as exc:
+                log.warning("coordinator_heartbeat_failed", url=self.url, error=str(exc))
+
+    async def _pull_forever(self) -> None:
+        backoff = self.poll_interval
+        while True:
+            if not self.may_pull():
+                await trio.sleep(self.poll_interval)
+                continue
+            try:
+                task = await self.pull()
+            except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
+                log.warning("coordinator_pull_failed", url=self.url, error=str(exc), retry_in=backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+                continue
+            backoff = self.poll_interval
+            if task is None:
+                await trio.sleep(self.poll_interval)
+                continue
+            verdict = await self._deliver(task)
+            if isinstance(verdict, Rejection):
+                await self._release(task, verdict)
+                # A refusing node is often a busy one: give it a poll interval before it takes more.
+                await trio.sleep(self.poll_interval)
+
+    # -- one task --------------------------------------------------------------------------------------------
+
+    async def pull(self) -> PulledTask | None:
+        """One `/pull`. None when the queue has nothing for this agent. Raises on refusal or network failure."""
+        self.pull_requests += 1
+        body = json.dumps({"sandboxMode": _reported_mode(self.sandbox_mode())}).encode()
+        response, nonce = await self._send("POST", "/pull", body, JSON)
+        if self.coordinator_key is not None and not signing.response_signature_valid(
+            self.coordinator_key, response.headers.get(signing.COORDINATOR_SIGNATURE), nonce, response.content
+        ):
+            log.error("coordinator_answer_unsigned", url=self.url)
+            return None
+        try:
+            task = response.json()["task"]
+            if task is None:
+                return None
+            return PulledTask(str(task["taskId"]), base64.b64decode(task["offer"], validate=True))
+        except (KeyError, TypeError) as exc:  # ValueError (bad JSON, bad base64) passes through as it is
+            raise ValueError(f"/pull answered with an unexpected shape: {exc!r}") from None
+
+    async def _deliver(self, task: PulledTask) -> Verdict:
+        async def reply(raw: bytes) -> None:
+            await self._post_result(task.task_id, raw)
+
+        self.delivered += 1
+        return await self.sink.deliver(
+            Delivery(raw=task.offer, transport=TRANSPORT_NAME, sender=self.url, reply=reply, claim=_already_claimed)
+        )
+
+    async def _release(self, task: PulledTask, rejection: Rejection) -> None:
+        body = json.dumps(rejection.to_json()).encode()
+        if await self._post_reliably(f"/tasks/{task.task_id}/release", body, JSON, task.task_id, "release"):
+            self.released += 1
+
+    async def _post_result(self, task_id: str, raw: bytes) -> None:
+        """The delivery's reply: the signed result goes to the coordinator. Never raises into the node's worker."""
+        if await self._post_reliably(f"/tasks/{task_id}/result", raw, OCTETS, task_id, "result"):
+            self.results_posted += 1
+
+    async def _post_reliably(self, path: str, body: bytes, content_type: str, task_id: str, what: str) -> bool:
+        """Retries network failures a few times, not refusals: a refusal (the claim lapsed, say) will not change.
+
+        Lost for good, a release leaves the task claimed by this live agent until its deadline, and a result leaves
+        it to lapse and be run again elsewhere; both are logged as errors for that reason.
+        """
+        backoff = self.poll_interval
+        for attempt in range(1, POST_ATTEMPTS + 1):
+            if self._client is None:
+                log.error("coordinator_post_dropped", what=what, task=task_id, why="the transport has stopped")
+                return False
+            try:
+                await self._send("POST", path, body, content_type)
+            except CoordinatorRefused as exc:
+                log.warning("coordinator_post_refused", what=what, task=task_id, reason=exc.reason, detail=exc.detail)
+                return False
+            except httpx.HTTPError as exc:
+                log.warning("coordinator_post_failed", what=what, task=task_id, attempt=attempt, error=str(exc))
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+                continue
+            return True
+        log.error("coordinator_post_lost", what=what, task=task_id, attempts=POST_ATTEMPTS)
+        return False
+
+    # -- HTTP ------------------------------------------------------------------------------------------------
+
+    async def _call_json(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        response, _ = await self._send("POST", path, json.dumps(payload).encode(), JSON)
+        answer = response.json()
+        if not isinstance(answer, dict):
+            raise ValueError(f"{path} answered with JSON that is not an object")
+        return answer
+
+    async def _send(self, method: str, path: str, body: bytes, content_type: str) -> tuple[httpx.Response, bytes]:
+        """A signed request; returns the 2xx response and the nonce it was signed with. Raises `CoordinatorRefused`."""
+        if self._client is None:
+            raise httpx.TransportError("the transport is not running")
+        headers = signing.sign_request(self.identity, method, path, body)
+        headers["content-type"] = content_type
+        response = await self._client.request(method, path, content=body, headers=headers)
+        if response.is_success:
+            return response, bytes.fromhex(headers[signing.NONCE])
+        try:
+            refusal = response.json()
+            reason, detail = str(refusal["reason"]), str(refusal.get("detail", ""))
+        except (ValueError, KeyError, TypeError):
+            reason, detail = "http_error", response.text[:200]
+        raise CoordinatorRefused(response.status_code, reason, detail)

@@ -12,6 +12,7 @@ The domain string keeps an offer's signature from ever passing as a result's, an
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +34,20 @@ class Domain:
 
 def canonical(value: Any) -> Any:
     """The same value with every map's keys in sorted order (msgpack already picks the shortest int form)."""
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind is dict or (kind is not list and kind is not tuple and isinstance(value, Mapping)):
         return {k: canonical(value[k]) for k in sorted(value)}
-    if isinstance(value, (list, tuple)):
+    if kind is list or kind is tuple:
         return [canonical(v) for v in value]
     return value
+
+
+def _sorted_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """msgpack's map hook on decode: keys must be strictly increasing, which also rules out duplicates."""
+    keys = [pair[0] for pair in pairs]
+    if not all(map(operator.lt, keys, keys[1:])):
+        raise ValueError("map keys are not in canonical order")
+    return dict(pairs)
 
 
 def pack(value: Any) -> bytes:
@@ -52,21 +62,21 @@ def unpack_strict(data: bytes, *, max_size: int) -> Any:
             raw=False,
             strict_map_key=True,
             use_list=True,
+            object_pairs_hook=_sorted_map,
             max_str_len=max_size,
             max_bin_len=max_size,
             max_array_len=max_size // 2 + 1,
             max_map_len=max_size // 2 + 1,
             max_ext_len=0,  # no extension types at all
         )
-    except (
-        Exception
-    ) as exc:  # msgpack raises many kinds (ValueError, ExtraData, StackError, UnicodeDecodeError)
+    except Exception as exc:  # msgpack raises many kinds (ValueError, ExtraData, StackError, UnicodeDecodeError)
         raise Rejected(Reason.MALFORMED, f"not msgpack: {type(exc).__name__}") from None
 
 
 def require_canonical(value: Any, data: bytes, what: str) -> None:
+    """Decoding already refused unsorted maps; what remains is non-minimal lengths and int forms."""
     try:
-        encoded = pack(value)
+        encoded = msgpack.packb(value, use_bin_type=True)
     except (RecursionError, ValueError):  # nesting deep enough to exhaust the packer
         raise Rejected(Reason.MALFORMED, f"{what} nests too deeply") from None
     if encoded != data:
@@ -140,9 +150,7 @@ class Fields:
     def _bad(self, name: str, expected: str) -> Rejected:
         return Rejected(Reason.MALFORMED, f"{self.what}: {name!r} must be {expected}")
 
-    def opt_integer(
-        self, name: str, lo: int = 0, hi: int = 2**63 - 1, *, optional: bool = True
-    ) -> int | None:
+    def opt_integer(self, name: str, lo: int = 0, hi: int = 2**63 - 1, *, optional: bool = True) -> int | None:
         value = self._get(name)
         if value is None and optional:
             return None
@@ -167,9 +175,7 @@ class Fields:
             raise self._bad(name, f"{size} bytes")
         return value
 
-    def opt_text(
-        self, name: str, max_len: int, *, optional: bool = True, choices: tuple[str, ...] = ()
-    ) -> str | None:
+    def opt_text(self, name: str, max_len: int, *, optional: bool = True, choices: tuple[str, ...] = ()) -> str | None:
         value = self._get(name)
         if value is None and optional:
             return None

@@ -5,6 +5,7 @@ Because the same key is behind the PeerID, a peer's PeerID is exactly the key it
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from pathlib import Path
@@ -42,9 +43,15 @@ def public_key_of_peer_id(peer_id: str) -> bytes:
     return bytes(key.to_bytes())
 
 
+@functools.lru_cache(maxsize=4096)
+def _public_key(raw: bytes) -> Ed25519PublicKey:
+    # Offerers repeat; parsing the same key again for every offer is wasted work on the intake's hot path.
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
 def verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+        _public_key(public_key).verify(signature, message)
     except (InvalidSignature, ValueError):
         return False
     return True

@@ -110,7 +110,7 @@ class Intake:
         except trio.WouldBlock:
             return self._refuse(delivery.transport, Rejection(Reason.BUSY, "the intake queue is full"))
         self.admitted[delivery.transport] += 1
-        self.metrics.offers.labels(delivery.transport).inc()
+        self.metrics.offer_admitted(delivery.transport)
         return Admitted(received.offer.offer_id)
 
     def validate(self, raw: bytes) -> Rejection | None:
@@ -123,9 +123,7 @@ class Intake:
             received = self._parse(raw)
             self._verify(received)
         except Rejected as rejected:
-            self.rejected[("gossip-validator", str(rejected.reason))] += 1
-            self.metrics.rejections.labels("gossip-validator", str(rejected.reason)).inc()
-            return rejected.rejection
+            return self._refuse("gossip-validator", rejected.rejection)
         return None
 
     def close(self) -> None:
@@ -170,5 +168,5 @@ class Intake:
 
     def _refuse(self, transport: str, rejection: Rejection) -> Rejection:
         self.rejected[(transport, str(rejection.reason))] += 1
-        self.metrics.rejections.labels(transport, str(rejection.reason)).inc()
+        self.metrics.offer_rejected(transport, str(rejection.reason))
         return rejection

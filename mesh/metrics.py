@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
@@ -11,23 +13,45 @@ class NodeMetrics:
         r = self.registry
         self.offers = Counter("edgecoder_offers_admitted", "Offers admitted by the intake", ["transport"], registry=r)
         self.rejections = Counter(
-            "edgecoder_offers_rejected", "Offers rejected, by transport and reason code", ["transport", "reason"],
+            "edgecoder_offers_rejected",
+            "Offers rejected, by transport and reason code",
+            ["transport", "reason"],
             registry=r,
         )
         self.results = Counter(
-            "edgecoder_results", "Runs finished, by error kind and queue reason", ["error_kind", "queue_reason"],
+            "edgecoder_results",
+            "Runs finished, by error kind and queue reason",
+            ["error_kind", "queue_reason"],
             registry=r,
         )
         self.fallbacks = Counter(
             "edgecoder_fallbacks", "Runs whose result asks to fall back to the cloud (queueForCloud)", registry=r
         )
         self.run_seconds = Histogram(
-            "edgecoder_run_seconds", "Sandbox run durations",
-            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,
+            "edgecoder_run_seconds",
+            "Sandbox run durations",
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
         )
         self.pool_size = Gauge("edgecoder_pool_ready", "Warm sandbox containers ready", registry=r)
         self.participating = Gauge("edgecoder_participating", "1 while the sandbox gate admits remote work", registry=r)
         self.claims = Counter("edgecoder_claims", "Claims asked for, by outcome", ["outcome"], registry=r)
+
+        # Label lookups cost microseconds, and the intake's budget per offer is tight: keep the children.
+        self._admitted: dict[str, Any] = {}
+        self._rejected: dict[tuple[str, str], Any] = {}
+
+    def offer_admitted(self, transport: str) -> None:
+        child = self._admitted.get(transport)
+        if child is None:
+            child = self._admitted[transport] = self.offers.labels(transport)
+        child.inc()
+
+    def offer_rejected(self, transport: str, reason: str) -> None:
+        child = self._rejected.get((transport, reason))
+        if child is None:
+            child = self._rejected[(transport, reason)] = self.rejections.labels(transport, reason)
+        child.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

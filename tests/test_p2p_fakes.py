@@ -6,6 +6,7 @@ hang fails the test instead of the suite.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,12 +42,14 @@ class RecordingSink:
         self.participating = participating
         self.rejection = rejection
         self.deliveries: list[Delivery] = []
+        self.delivered_at: list[float] = []  # time.perf_counter() of each delivery, for latency figures
         self.reply_with: bytes | None = None
         self.reply_delay = 0.0
         self.nursery: trio.Nursery | None = None
 
     async def deliver(self, delivery: Delivery) -> Verdict:
         self.deliveries.append(delivery)
+        self.delivered_at.append(time.perf_counter())
         if self.rejection is not None:
             return self.rejection
         if self.reply_with is not None and self.nursery is not None:

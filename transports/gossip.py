@@ -1,0 +1,282 @@
+"""GossipSub: offers heard by the whole mesh, and each node's signed heartbeat.
+
+Two topics. On `edgecoder/offers/1` a topic validator runs the intake's cheap checks and the offer signature before
+libp2p forwards anything, so an invalid offer stops at the first honest hop. On `edgecoder/heartbeat/1` every node
+publishes `pack(heartbeat())` once per `heartbeat_interval`; libp2p's strict signing authenticates the sender, and a
+heartbeat whose `peerId` is not that sender is refused by the validator (and so not forwarded either).
+
+libp2p defaults overridden here, and why:
+
+- `heartbeat_interval=1` (default 120 s): the mesh is built and repaired in the heartbeat; at 120 s a new peer waits
+  two minutes for its first offer. go-libp2p uses 1 s.
+- message ids: offers are content-addressed (sha256 of the offer bytes), so one offer re-published or heard through
+  two paths is one message and reaches each sink once. Heartbeats keep libp2p's `from + seqno` ids: two heartbeats
+  with identical content are still two heartbeats.
+- `seen_ttl` 11 minutes (default 120 s): an offer lives at most 10 minutes plus 30 s of clock skew, and gossip should
+  not hand the same offer to the intake twice while it is still valid (the intake's replay check stays the backstop).
+- `max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC` (default 10): the limit applies per *forwarding* peer
+  per topic, and a neighbour relays the heartbeats of every node behind it. At 10/s a mesh of more than ten nodes
+  would silently lose heartbeats. 50/s carries the heartbeats of ~45 nodes with room for offers.
+- `unsubscribe_back_off=1` (default 10 s): after `withdraw()` + `rejoin()` (the sandbox gate recovered) the node
+  should be back in the mesh within a couple of heartbeats, not ten seconds later.
+- `strict_signing=True` (already the default; stated so it cannot silently change).
+
+Publishing is paced (`OFFER_PUBLISH_INTERVAL`): libp2p's per-peer outbound queue and per-subscription queue are 32
+deep and drop the excess silently, and our own publishes count against the forward limit above.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from mesh.codec import pack, unpack_strict
+from mesh.identity import peer_id_of
+from mesh.offers import parse_offer
+from mesh.reasons import Reason, Rejected, Rejection
+from transports.base import Delivery, OfferSink
+from transports.direct import DirectTransport, ReplyError
+from transports.p2p import P2PHost
+
+log = logging.getLogger(__name__)
+
+OFFERS_TOPIC = "edgecoder/offers/1"
+HEARTBEAT_TOPIC = "edgecoder/heartbeat/1"
+
+FORWARD_LIMIT_PER_TOPIC = 50.0
+# At most 20 offers/s from this node: well under the forward limit and the 32-deep queues at loopback/LAN speeds.
+OFFER_PUBLISH_INTERVAL = 0.05
+SEEN_TTL_SECONDS = 11 * 60
+MAX_HEARTBEAT_BYTES = 8 * 1024
+# Received offers wait here for the intake; past this many the newest are dropped and counted, never silently.
+DELIVERY_QUEUE = 256
+
+HeartbeatFn = Callable[[], dict[str, Any]]
+OnHeartbeatFn = Callable[[str, dict[str, Any]], None]
+ValidateFn = Callable[[bytes], Rejection | None]
+
+
+def message_id(msg: rpc_pb2.Message) -> bytes:
+    if HEARTBEAT_TOPIC in msg.topicIDs:
+        return bytes(msg.from_id) + bytes(msg.seqno)
+    return hashlib.sha256(msg.data).digest()
+
+
+def _sender(msg: rpc_pb2.Message) -> str:
+    return str(ID(msg.from_id).to_base58())
+
+
+class GossipTransport:
+    def __init__(
+        self,
+        host: P2PHost,
+        sink: OfferSink,
+        direct: DirectTransport,
+        *,
+        validate: ValidateFn,
+        heartbeat: HeartbeatFn,
+        on_heartbeat: OnHeartbeatFn,
+        heartbeat_interval: float = 1.0,
+    ) -> None:
+        self.host = host
+        self.sink = sink
+        self.direct = direct
+        self.validate = validate
+        self.heartbeat = heartbeat
+        self.on_heartbeat = on_heartbeat
+        self.heartbeat_interval = heartbeat_interval
+        # Counters: offers rejected by reason, heartbeats refused, queue drops, deliveries.
+        self.stats: Counter[str] = Counter()
+        self.router = GossipSub(
+            protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+            degree=6,
+            degree_low=4,
+            degree_high=12,
+            heartbeat_interval=1,
+            unsubscribe_back_off=1,
+            max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC,
+        )
+        self.pubsub = Pubsub(
+            host.host,
+            self.router,
+            strict_signing=True,
+            msg_id_constructor=message_id,
+            seen_ttl=SEEN_TTL_SECONDS,
+        )
+        self.pubsub.set_topic_validator(OFFERS_TOPIC, self._offer_is_valid, False)
+        self.pubsub.set_topic_validator(HEARTBEAT_TOPIC, self._heartbeat_is_valid, False)
+        self._nursery: trio.Nursery | None = None
+        self._publish_lock = trio.Lock()
+        self._next_publish = 0.0
+
+    @property
+    def subscribed(self) -> bool:
+        return OFFERS_TOPIC in self.pubsub.topic_ids
+
+    def mesh_peers(self, topic: str = OFFERS_TOPIC) -> list[str]:
+        """Peers in our GossipSub mesh for `topic` (for diagnostics and tests)."""
+        return [p.to_base58() for p in self.router.mesh.get(topic, ())]
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run pubsub, the router, the heartbeat and the readers until cancelled. Start with `nursery.start`."""
+        async with background_trio_service(self.pubsub), background_trio_service(self.router):
+            await self.pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    heartbeats = await self.pubsub.subscribe(HEARTBEAT_TOPIC)
+                    nursery.start_soon(self._read_heartbeats, heartbeats)
+                    if self.sink.participating:
+                        await self.rejoin()
+                    nursery.start_soon(self._publish_heartbeats)
+                    task_status.started()
+                    await trio.sleep_forever()
+                finally:
+                    self._nursery = None
+
+    async def withdraw(self) -> None:
+        """Stop taking offers: leave the offers mesh (peers stop sending them). Heartbeats continue."""
+        await self.pubsub.unsubscribe(OFFERS_TOPIC)  # closes the subscription, which ends its reader
+
+    async def rejoin(self) -> None:
+        if self.subscribed:
+            return
+        if self._nursery is None:
+            raise RuntimeError("GossipTransport.rejoin() needs run() to have started")
+        subscription = await self.pubsub.subscribe(OFFERS_TOPIC)
+        queue_in, queue_out = trio.open_memory_channel[rpc_pb2.Message](DELIVERY_QUEUE)
+        self._nursery.start_soon(self._read_offers, subscription, queue_in)
+        self._nursery.start_soon(self._deliver_offers, queue_out)
+
+    # -- offers ------------------------------------------------------------------------------------------------
+
+    async def publish_offer(self, raw: bytes) -> Rejection | None:
+        """Publish one signed offer, paced. Returns the validator's rejection instead of publishing an invalid one."""
+        rejection = self.validate(raw)
+        if rejection is not None:
+            return rejection
+        async with self._publish_lock:
+            await trio.sleep_until(self._next_publish)
+            await self.pubsub.publish(OFFERS_TOPIC, raw)
+            self._next_publish = trio.current_time() + OFFER_PUBLISH_INTERVAL
+        return None
+
+    def _offer_is_valid(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        try:
+            rejection = self.validate(bytes(msg.data))
+        except Exception:  # a validator bug must not become "valid", nor crash libp2p's task
+            log.exception("offer validator raised; treating the offer as invalid")
+            rejection = Rejection(Reason.MALFORMED, "validator error")
+        if rejection is None:
+            return True
+        self.stats[f"offer_rejected:{rejection.reason}"] += 1
+        return False
+
+    async def _read_offers(self, subscription: Any, queue: trio.MemorySendChannel[rpc_pb2.Message]) -> None:
+        async with queue:
+            async for msg in subscription:  # ends when withdraw() closes the subscription
+                if bytes(msg.from_id) == self.host.host.get_id().to_bytes():
+                    continue  # libp2p hands our own publishes to our own subscription
+                try:
+                    queue.send_nowait(msg)
+                except trio.WouldBlock:
+                    self.stats["offer_dropped_queue_full"] += 1
+
+    async def _deliver_offers(self, queue: trio.MemoryReceiveChannel[rpc_pb2.Message]) -> None:
+        async with queue:
+            async for msg in queue:
+                await self._deliver_offer(msg)
+
+    async def _deliver_offer(self, msg: rpc_pb2.Message) -> None:
+        raw = bytes(msg.data)
+        try:
+            offer = parse_offer(raw).offer  # already validated: read only the id and where to answer
+        except Rejected:
+            self.stats["offer_unparseable_after_validation"] += 1
+            return
+        offerer = peer_id_of(offer.offerer)
+        # Only addresses of the offerer itself: a signed offer must not be able to point every node at a third party.
+        targets = [a for a in offer.reply_to if a.endswith(f"/p2p/{offerer}")]
+        direct = self.direct
+
+        async def claim() -> bool:
+            for target in self._reachable(offerer, targets):
+                rejection = await direct.request_claim(target, offer.offer_id)
+                if rejection is None:
+                    return True
+                if not rejection.detail.startswith("unreachable"):
+                    return False  # the offerer answered: no
+            return False
+
+        async def reply(result: bytes) -> None:
+            last: Rejection | None = None
+            for target in self._reachable(offerer, targets):
+                last = await direct.send_result(target, result)
+                if last is None:
+                    return
+                if not last.detail.startswith("unreachable"):
+                    break
+            raise ReplyError(f"the offerer did not take the result: {last}")
+
+        self.stats["offer_delivered"] += 1
+        await self.sink.deliver(Delivery(raw, "gossip", sender=_sender(msg), reply=reply, claim=claim))
+
+    def _reachable(self, offerer: str, targets: list[str]) -> list[str]:
+        """The offerer's PeerID first when we are already connected to it, then its advertised addresses."""
+        connected = [offerer] if offerer in self.host.connected_peers() else []
+        return connected + targets
+
+    # -- heartbeats --------------------------------------------------------------------------------------------
+
+    async def _publish_heartbeats(self) -> None:
+        while True:
+            try:
+                await self.pubsub.publish(HEARTBEAT_TOPIC, pack(self.heartbeat()))
+            except Exception:  # one bad heartbeat (say, an unpackable field) must not end the loop
+                log.exception("could not publish a heartbeat")
+            await trio.sleep(self.heartbeat_interval)
+
+    def _decode_heartbeat(self, msg: rpc_pb2.Message) -> dict[str, Any] | None:
+        try:
+            beat = unpack_strict(bytes(msg.data), max_size=MAX_HEARTBEAT_BYTES)
+        except Rejected:
+            return None
+        if len(msg.data) > MAX_HEARTBEAT_BYTES or not isinstance(beat, dict):
+            return None
+        return beat
+
+    def _heartbeat_is_valid(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        beat = self._decode_heartbeat(msg)
+        if beat is None:
+            self.stats["heartbeat_malformed"] += 1
+            return False
+        if beat.get("peerId") != _sender(msg):
+            self.stats["heartbeat_wrong_peer"] += 1
+            return False
+        return True
+
+    async def _read_heartbeats(self, subscription: Any) -> None:
+        async for msg in subscription:
+            sender = _sender(msg)
+            if sender == self.host.peer_id:
+                continue
+            beat = self._decode_heartbeat(msg)
+            if beat is None:  # the validator already refused these; kept for safety
+                continue
+            self.stats["heartbeat_seen"] += 1
+            try:
+                self.on_heartbeat(sender, beat)
+            except Exception:
+                log.exception("on_heartbeat raised for %s", sender)

@@ -176,8 +176,9 @@ class CoordinatorPullTransport:
         if self.coordinator_key is not None and not signing.response_signature_valid(
             self.coordinator_key, response.headers.get(signing.COORDINATOR_SIGNATURE), nonce, response.content
         ):
-            log.error("coordinator_answer_unsigned", url=self.url)
-            return None
+            # A wrong pin or someone in the middle: back off like any failure (each such answer holds a claim that
+            # lingers until the task's deadline, so pulling fast would only strand more tasks).
+            raise ValueError("the /pull answer is not signed by the pinned coordinator key")
         try:
             task = response.json()["task"]
             if task is None:

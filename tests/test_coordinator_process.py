@@ -107,3 +107,19 @@ def test_rate_limit_is_per_agent(tmp_path: Path) -> None:
         forged = polite.pull(headers={"x-edgecoder-agent": NodeIdentity.generate().public_key.hex()})
         assert forged.json()["reason"] == "bad_signature"
         assert polite.pull().status_code == 200
+
+
+def test_task_fails_after_its_last_allowed_lapse(tmp_path: Path) -> None:
+    options = ("--lease", "0.3", "--max-lapses", "1", "--rate", "1000", "--burst", "1000")
+    with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
+        task_id = enqueue(coordinator.url, offer())
+        agent = AgentClient(coordinator.url)
+        agent.register()
+        assert agent.pull().json()["task"]["taskId"] == task_id
+        # Nobody pulls now: the reaper alone must notice the silence.
+        deadline = time.monotonic() + 10
+        while (status := httpx.get(f"{coordinator.url}/tasks/{task_id}").json())["state"] == "claimed":
+            assert time.monotonic() < deadline, "the reaper never took the claim back"
+            time.sleep(0.05)
+        assert (status["state"], status["reason"]) == ("failed", "lease_expired")
+        assert task_row(coordinator.db, task_id) == ("failed", None, 1, 1)

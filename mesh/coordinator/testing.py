@@ -97,7 +97,7 @@ class CoordinatorProcess:
         return self
 
     def __exit__(self, *exc: object | TracebackType) -> None:
-        self.kill()
+        self.stop()  # a clean SIGTERM shutdown, so every test also exercises it; SIGKILL if that hangs
 
 
 class AgentClient:

@@ -1,0 +1,39 @@
+"""The `coordinator` click command's argument handling (serving itself is tested through the real process)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mesh.coordinator.cli import coordinator, parse_listen
+from mesh.identity import NodeIdentity
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("127.0.0.1:8700", ("127.0.0.1", 8700)), ("[::1]:0", ("::1", 0)), ("localhost:1", ("localhost", 1))],
+)
+def test_listen_parses(value: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(value) == expected
+
+
+@pytest.mark.parametrize("value", ["8700", "127.0.0.1:", ":8700", "127.0.0.1:99999", "127.0.0.1:http"])
+def test_bad_listen_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    result = CliRunner().invoke(coordinator, ["--db", str(tmp_path / "s.db"), "--listen", value])
+    assert result.exit_code == 2
+    assert "HOST:PORT" in result.output
+
+
+def test_loose_key_file_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    NodeIdentity.generate().save(key)
+    os.chmod(key, 0o644)
+    result = CliRunner().invoke(
+        coordinator, ["--db", str(tmp_path / "s.db"), "--listen", "127.0.0.1:0", "--key", str(key)]
+    )
+    assert result.exit_code == 1
+    assert "chmod 600" in result.output
+    assert not (tmp_path / "s.db").exists()

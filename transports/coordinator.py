@@ -150,7 +150,7 @@ class CoordinatorPullTransport:
                 await trio.sleep(self.poll_interval)
                 continue
             try:
-                task = await self.pull()
+                task = await self._pull_once()
             except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
                 log.warning("coordinator_pull_failed", url=self.url, error=str(exc), retry_in=backoff)
                 await trio.sleep(backoff)
@@ -168,7 +168,7 @@ class CoordinatorPullTransport:
 
     # -- one task --------------------------------------------------------------------------------------------
 
-    async def pull(self) -> PulledTask | None:
+    async def _pull_once(self) -> PulledTask | None:
         """One `/pull`. None when the queue has nothing for this agent. Raises on refusal or network failure."""
         self.pull_requests += 1
         body = json.dumps({"sandboxMode": _reported_mode(self.sandbox_mode())}).encode()

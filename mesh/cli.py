@@ -1,13 +1,23 @@
-"""`edgecoder`: the command line, the contract that users and tests rely on."""
+"""`edgecoder`: the command line, the contract that users and tests rely on.
+
+stdout carries only machine-readable lines (the `ready` event, a result as one JSON object); logs go to stderr.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+import trio
 
+from executor.contract import LANGUAGES, SANDBOXES, Limits
+from mesh.coordinator.cli import coordinator
 from mesh.identity import KeyFileError, NodeIdentity
+
+EXIT_REFUSED = 3  # a typed refusal, as opposed to 1 (the run failed) and 2 (usage or a bad key file)
 
 
 def load_identity(path: Path) -> NodeIdentity:
@@ -15,7 +25,36 @@ def load_identity(path: Path) -> NodeIdentity:
     try:
         return NodeIdentity.load(path)
     except KeyFileError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.UsageError(str(exc)) from None
+
+
+def emit(obj: dict[str, Any]) -> None:
+    click.echo(json.dumps(obj, separators=(",", ":")))
+    sys.stdout.flush()
+
+
+def parse_input(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"--input is not JSON: {exc}") from None
+
+
+def read_code(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}") from None
+
+
+language_option = click.option("--language", type=click.Choice(LANGUAGES), required=True)
+code_option = click.option("--code-file", type=click.Path(dir_okay=False, path_type=Path), required=True)
+input_option = click.option("--input", "input_json", default=None, help="JSON data for the program's stdin.")
+timeout_option = click.option("--timeout-ms", type=click.IntRange(1), default=5_000, show_default=True)
+memory_option = click.option("--memory-mb", type=click.IntRange(1), default=128, show_default=True)
+sandbox_option = click.option("--sandbox", type=click.Choice(SANDBOXES), default="docker", show_default=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,7 +65,6 @@ def main() -> None:
 @main.command()
 @click.option(
     "--out",
-    "out",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="Where to write the 32-byte Ed25519 seed (mode 0600).",
@@ -42,5 +80,181 @@ def keygen(out: Path, force: bool) -> None:
     click.echo(identity.peer_id)
 
 
+@main.command()
+@click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--listen", multiple=True, default=["/ip4/127.0.0.1/tcp/0"], show_default=True)
+@click.option("--peer", "peers", multiple=True, help="A multiaddr to connect to at start (repeatable).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None)
+@click.option("--log-json", is_flag=True, help="Structured logs as JSON lines on stderr.")
+@click.option("--coordinator", default=None, help="Pull work from a coordinator at this URL too.")
+@click.option("--ble", is_flag=True, help="Also take offers from nearby BLE peers.")
+@click.option("--ble-sim", is_flag=True, help="Use the simulated radio (bumble LocalLink) instead of BlueZ.")
+def node(
+    key: Path,
+    listen: tuple[str, ...],
+    peers: tuple[str, ...],
+    metrics_port: int | None,
+    log_json: bool,
+    coordinator: str | None,
+    ble: bool,
+    ble_sim: bool,
+) -> None:
+    """Run a node. Its first stdout line is the `ready` event as JSON."""
+    from mesh import logs
+    from mesh.commands import NodeOptions, run_node
+    from mesh.gate import sandbox_mode_from_env
+
+    logs.configure(json_lines=log_json)
+    identity = load_identity(key)
+    try:
+        mode = sandbox_mode_from_env()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    options = NodeOptions(identity, list(listen), list(peers), mode, metrics_port, coordinator, ble, ble_sim)
+    trio.run(run_node, options)
+
+
+@main.command()
+@click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--to", "to", default=None, help="Send directly to the node at this multiaddr.")
+@click.option("--gossip", is_flag=True, help="Publish on the offers topic; one node claims and runs it.")
+@click.option("--peer", "peers", multiple=True, help="With --gossip: a mesh node to connect to (repeatable).")
+@language_option
+@code_option
+@input_option
+@timeout_option
+@memory_option
+@sandbox_option
+@click.option("--wait-s", type=float, default=30.0, show_default=True, help="How long to wait for the result.")
+def offer(
+    key: Path,
+    to: str | None,
+    gossip: bool,
+    peers: tuple[str, ...],
+    language: str,
+    code_file: Path,
+    input_json: str | None,
+    timeout_ms: int,
+    memory_mb: int,
+    sandbox: str,
+    wait_s: float,
+) -> None:
+    """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
+    from mesh import logs
+    from mesh.commands import OfferOptions, run_offer
+
+    if (to is None) == (not gossip):
+        raise click.UsageError("give exactly one of --to MULTIADDR or --gossip --peer MULTIADDR")
+    if gossip and not peers:
+        raise click.UsageError("--gossip needs at least one --peer")
+    logs.configure()
+    options = OfferOptions(
+        identity=load_identity(key),
+        to=to,
+        peers=list(peers),
+        language=language,
+        code=read_code(code_file),
+        input=parse_input(input_json),
+        limits=Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
+        sandbox=sandbox,
+        wait_s=wait_s,
+    )
+    outcome = trio.run(run_offer, options)
+    if outcome.refusal is not None:
+        emit({"ok": False, "refusal": str(outcome.refusal.reason), "detail": outcome.refusal.detail})
+        sys.exit(EXIT_REFUSED)
+    assert outcome.result is not None
+    emit(outcome.result.to_json())
+    sys.exit(0 if outcome.ok else 1)
+
+
+@main.command(name="exec")
+@code_option
+@language_option
+@sandbox_option
+@timeout_option
+@memory_option
+@input_option
+@click.option("--no-subset", is_flag=True, help="Skip the subset check (hygiene; the container is the boundary).")
+def exec_(
+    code_file: Path,
+    language: str,
+    sandbox: str,
+    timeout_ms: int,
+    memory_mb: int,
+    input_json: str | None,
+    no_subset: bool,
+) -> None:
+    """Run code as the local user (origin local: --sandbox host is allowed). Prints the result JSON."""
+    from mesh.commands import run_local
+
+    result = trio.run(
+        run_local,
+        language,
+        read_code(code_file),
+        parse_input(input_json),
+        Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
+        sandbox,
+        not no_subset,
+    )
+    emit(result.to_json())
+    sys.exit(0 if result.ok else 1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+def doctor(as_json: bool) -> None:
+    """Say whether this machine can sandbox, and why not. Exits non-zero when it cannot."""
+    from mesh.commands import run_doctor
+
+    report = trio.run(run_doctor)
+    if as_json:
+        emit(report)
+    else:
+        for check in report["checks"]:
+            mark = "ok  " if check["ok"] else "FAIL"
+            click.echo(f"[{mark}] {check['name']}: {check['detail']}")
+        click.echo("this node can sandbox" if report["ok"] else "this node CANNOT sandbox: it will refuse remote work")
+    sys.exit(0 if report["ok"] else 1)
+
+
+@main.group()
+def image() -> None:
+    """The sandbox image."""
+
+
+@image.command("build")
+@click.option("--tag", default=None, help="Image tag (default: $EDGECODER_IMAGE or edgecoder-sandbox:bookworm).")
+@click.option("--if-missing", is_flag=True, help="Do nothing when the image exists with user 65534.")
+@click.option("--rebuild", is_flag=True, help="Ignore the cached root file system and run debootstrap again.")
+def image_build(tag: str | None, if_missing: bool, rebuild: bool) -> None:
+    """Build the sandbox image from Debian packages (no registry needed)."""
+    from executor.images import SANDBOX_USER, ImageError, build_image, image_user
+    from executor.policy import ExecutorPolicy
+
+    tag = tag or ExecutorPolicy.from_env().image
+    try:
+        if if_missing and image_user(tag) == SANDBOX_USER:
+            click.echo(f"image {tag} is present (user {SANDBOX_USER})")
+            return
+        build_image(tag, progress=lambda line: click.echo(f"  {line}"), rebuild=rebuild)
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@click.option("--nodes", type=click.IntRange(2, 16), default=3, show_default=True)
+@click.option("--ble/--no-ble", default=True, show_default=True, help="Include an offer from a simulated BLE peer.")
+def demo(nodes: int, ble: bool) -> None:
+    """A local demo mesh that runs real signed offers in Docker, and shows what a sandbox-less node refuses."""
+    from mesh import logs
+    from mesh.demo import run_demo
+
+    logs.configure(level=40)
+    sys.exit(trio.run(run_demo, nodes, ble))
+
+
+main.add_command(coordinator)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -11,10 +11,14 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import structlog
 import trio
+
+if TYPE_CHECKING:
+    # The installed trio-stubs (which mypy prefers to trio's own hints) know TaskStatus only from trio_typing.
+    from trio_typing import TaskStatus
 
 SandboxMode = Literal["docker", "none"]
 log = structlog.get_logger("edgecoder.gate")
@@ -90,7 +94,7 @@ class SandboxGate:
     async def wait_changed(self) -> None:
         await self._changed.wait()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The periodic health check. Its owner's nursery cancels it at shutdown."""
         await self.check()
         task_status.started()

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
+
+if TYPE_CHECKING:
+    # The installed trio-stubs (which mypy prefers to trio's own hints) know TaskStatus only from trio_typing.
+    from trio_typing import TaskStatus
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from prometheus_client import make_asgi_app
@@ -15,7 +21,7 @@ async def serve_metrics(
     port: int,
     host: str = "127.0.0.1",
     *,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    task_status: TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     config = Config()
     config.bind = [f"{host}:{port}"]

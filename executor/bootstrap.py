@@ -1,0 +1,84 @@
+"""The stdin protocol between the host and a sandbox container, and the bootstrap that speaks it inside.
+
+Nothing is mounted into a container: code and input travel over its standard input. The container's command is
+`python3 -I -S -c BOOTSTRAP`; the bootstrap text lives here, in the node's code, not in the image, so the image
+stays plain Debian and the protocol can change without a rebuild.
+
+Wire format, host -> container stdin:
+
+    header   HEADER_SIZE bytes of ASCII: b"EC1 <language:10> <code_len:10> <input_len:10>\\n"
+    code     code_len bytes of UTF-8 program text
+    input    input_len bytes of JSON text
+
+The bootstrap reads exactly these bytes (unbuffered os.read, so it never over-reads), writes the code to
+/tmp/main.py or /tmp/main.js and the input to /tmp/input.json (tmpfs; noexec does not matter because the
+interpreter reads the file), points fd 0 at the input file and execs `python3 /tmp/main.py` or
+`node /tmp/main.js`. The program thus sees its input as JSON on stdin with a real end of file, whatever the
+attach connection does, and runs as the container's PID 1 exactly as it would from a shell.
+
+The bootstrap writes nothing before the header arrives. That matters: the host reads the attach socket
+directly, below the HTTP client's buffer, so any byte sent before the first request would be lost.
+"""
+
+from __future__ import annotations
+
+from executor.contract import Language
+
+HEADER_SIZE = 37
+MAGIC = "EC1"
+# Exit status of the bootstrap itself when the stream is malformed (never the program's own status).
+BOOTSTRAP_FAILED = 125
+
+PROGRAMS: dict[Language, tuple[str, str]] = {
+    "python": ("/tmp/main.py", "/usr/bin/python3"),
+    "javascript": ("/tmp/main.js", "/usr/bin/node"),
+}
+
+
+def encode_header(language: Language, code_len: int, input_len: int) -> bytes:
+    header = f"{MAGIC} {language:<10} {code_len:>10} {input_len:>10}\n".encode("ascii")
+    assert len(header) == HEADER_SIZE, header
+    return header
+
+
+def encode_payload(language: Language, code: bytes, input_json: bytes) -> bytes:
+    return encode_header(language, len(code), len(input_json)) + code + input_json
+
+
+BOOTSTRAP = f"""
+import os
+def fail(why):
+    os.write(2, b"edgecoder bootstrap: " + why + b"\\n")
+    os._exit({BOOTSTRAP_FAILED})
+def read_exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            fail(b"stdin ended early")
+        data += chunk
+    return data
+def copy_to(path, n):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    while n:
+        chunk = os.read(0, min(n, 65536))
+        if not chunk:
+            fail(b"stdin ended early")
+        n -= len(chunk)
+        while chunk:
+            chunk = chunk[os.write(fd, chunk):]
+    os.close(fd)
+fields = read_exact({HEADER_SIZE}).split()
+if len(fields) != 4 or fields[0] != b"{MAGIC}":
+    fail(b"bad header")
+programs = {{{", ".join(f"b{lang!r}: ({path!r}, {interp!r})" for lang, (path, interp) in PROGRAMS.items())}}}
+if fields[1] not in programs:
+    fail(b"unknown language")
+path, interpreter = programs[fields[1]]
+copy_to(path, int(fields[2]))
+copy_to("/tmp/input.json", int(fields[3]))
+fd = os.open("/tmp/input.json", os.O_RDONLY)
+os.dup2(fd, 0)
+os.close(fd)
+os.execve(interpreter, [interpreter, path], {{"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}})
+"""

@@ -1,0 +1,71 @@
+"""What the node allows a run to ask for, and how requested limits are clamped into it."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from executor.contract import Limits
+
+DEFAULT_IMAGE = "edgecoder-sandbox:bookworm"
+
+# Docker's smallest CPU quota is 0.01 CPU; a program needs at least a millisecond to be a program.
+MIN_CPUS = 0.01
+MIN_TIMEOUT_MS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorPolicy:
+    image: str = DEFAULT_IMAGE
+    max_timeout_ms: int = 30_000
+    max_memory_mb: int = 512
+    min_memory_mb: int = 32
+    max_cpus: float = 1.0
+    allow_network: bool = False
+    # Hygiene in front of the container, never the boundary: see executor/subset.py.
+    subset_check: bool = True
+    stdout_cap: int = 65_536
+    stderr_cap: int = 65_536
+    # Path of a seccomp profile (JSON). It REPLACES Docker's default profile, so derive it from that one.
+    seccomp_profile: str | None = None
+    max_concurrent: int = 2
+    max_waiting: int = 16
+    pool_size: int = 2
+    # Pre-started containers are created with these limits; a run whose memory and cpus match uses one.
+    pool_limits: Limits = field(default_factory=Limits)
+    # Upper bounds of what travels into the container over stdin (code and JSON input), in bytes.
+    max_code_bytes: int = 1 << 20
+    max_input_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        if not self.min_memory_mb <= self.max_memory_mb:
+            raise ValueError("min_memory_mb must not exceed max_memory_mb")
+        if self.max_concurrent < 1 or self.max_waiting < 0 or self.pool_size < 0:
+            raise ValueError("max_concurrent >= 1, max_waiting >= 0 and pool_size >= 0 are required")
+        if self.clamp(self.pool_limits) != self.pool_limits:
+            raise ValueError(f"pool_limits {self.pool_limits} lie outside the policy")
+
+    def clamp(self, limits: Limits) -> Limits:
+        """Requested limits forced into the policy's bounds. Non-finite cpus become the ceiling."""
+        cpus = limits.cpus if math.isfinite(limits.cpus) else self.max_cpus
+        return Limits(
+            timeout_ms=_between(int(limits.timeout_ms), MIN_TIMEOUT_MS, self.max_timeout_ms),
+            memory_mb=_between(int(limits.memory_mb), self.min_memory_mb, self.max_memory_mb),
+            # Round to what Docker can express (nano-cpus), so equal limits mean equal containers.
+            cpus=round(min(max(cpus, MIN_CPUS), self.max_cpus), 2),
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorPolicy:
+        env = os.environ if environ is None else environ
+        return cls(
+            image=env.get("EDGECODER_IMAGE") or DEFAULT_IMAGE,
+            subset_check=env.get("EDGECODER_SUBSET_CHECK", "1").strip() != "0",
+            seccomp_profile=env.get("SANDBOX_SECCOMP_PROFILE") or None,
+        )
+
+
+def _between(value: int, low: int, high: int) -> int:
+    return min(max(value, low), high)

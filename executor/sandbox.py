@@ -1,0 +1,432 @@
+"""DockerSandbox: one run of untrusted code in a hardened, single-use container.
+
+A run is: get a started container (pre-started from the warm pool, or created now: create, attach, start),
+send the bootstrap payload over the attach socket, read the multiplexed output to end of file in bounded memory,
+wait for the exit status, inspect for the OOM flag only when the status is not 0, and remove the container.
+Pooled and cold runs share every step after the container is started, so their results are the same.
+
+The docker SDK blocks, so its calls run in worker threads (`trio.to_thread`): create+attach+start is one call,
+wait is one, inspect only on failure, and removal happens in the owner's nursery after the result is returned.
+The attach socket itself is handed to Trio, so sending and reading are ordinary cancellable Trio I/O.
+
+Nothing here raises for a run that went wrong: a timeout, a cancellation by the executor, an OOM kill or a daemon
+that vanishes all become an `ExecResult`. A cancellation from the caller's own scope kills the container (in a
+shielded scope) and propagates, as Trio expects.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
+
+import docker
+import docker.errors
+import requests
+import structlog
+import trio
+
+from executor.bootstrap import encode_payload
+from executor.container_config import NODE_LABEL, build_container_config
+from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
+from executor.output import AttachDemuxer
+from executor.policy import ExecutorPolicy
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+ROLE_LABEL = "edgecoder.role"
+TIMEOUT_EXIT_CODE = 124
+# Requests to the daemon are bounded too: a daemon that stops answering must not hold a run forever.
+API_TIMEOUT_S = 20
+# A positive health check is trusted this long; any daemon error during a run forgets it at once.
+HEALTH_TTL_S = 10.0
+ACCEPTED_IMAGE_USERS = ("65534", "65534:65534")
+RECV_CHUNK = 65536
+
+# Everything the SDK raises when the daemon is missing or misbehaves (requests' errors are OSErrors too).
+DOCKER_ERRORS: tuple[type[BaseException], ...] = (
+    docker.errors.DockerException,
+    requests.RequestException,
+    OSError,
+)
+# What a run sees when its container or the daemon disappears under it.
+LOST_CONTAINER_ERRORS = (
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    docker.errors.DockerException,
+    requests.RequestException,
+    OSError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxHealth:
+    ok: bool
+    reason: str
+    detail: str
+
+
+class SandboxUnavailable(Exception):
+    """No container could be had: no daemon, no image, a bad image or a bad configuration."""
+
+
+@dataclass(slots=True)
+class StartedContainer:
+    """A started container whose bootstrap waits on stdin for exactly one task, and our end of its attach."""
+
+    container_id: str
+    limits: Limits
+    stream: trio.SocketStream
+    raw: socket.socket  # the same socket, for the non-blocking liveness peek
+
+    def looks_alive(self) -> bool:
+        """True while the attach connection is open and silent, as a waiting bootstrap's is."""
+        try:
+            self.raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False  # end of file, or bytes from a bootstrap that should still be silent
+
+
+class ContainerSource(Protocol):
+    def take(self, limits: Limits) -> StartedContainer | None: ...
+
+
+class DockerSandbox:
+    def __init__(
+        self,
+        policy: ExecutorPolicy,
+        *,
+        node_label: str,
+        base_url: str | None = None,
+        background: trio.Nursery | None = None,
+    ) -> None:
+        self.policy = policy
+        self.node_label = node_label
+        self._base_url = base_url
+        # Finished containers are removed in this nursery, after the result has been returned. Without one,
+        # removal happens before `run` returns.
+        self._background = background
+        self._api: docker.APIClient | None = None
+        self._api_lock = threading.Lock()
+        self._healthy_until = -math.inf
+
+    # -- health ---------------------------------------------------------------------------------------------
+
+    async def health(self) -> SandboxHealth:
+        health = await trio.to_thread.run_sync(self._health_blocking)
+        self._healthy_until = trio.current_time() + HEALTH_TTL_S if health.ok else -math.inf
+        return health
+
+    async def ensure_ready(self) -> SandboxHealth:
+        if trio.current_time() < self._healthy_until:
+            return SandboxHealth(True, "ok", "recently checked")
+        return await self.health()
+
+    async def canary(self) -> SandboxHealth:
+        """A real run proving from inside: only `lo`, read-only root, uid/gid 65534, no capabilities."""
+        result = await self.run(ExecRequest("python", CANARY_CODE), self.policy.pool_limits)
+        if not result.ok:
+            return SandboxHealth(False, "canary_failed", f"{result.error_kind}: {result.stderr.strip()[-500:]}")
+        try:
+            seen = json.loads(result.stdout)
+        except ValueError:
+            return SandboxHealth(False, "canary_failed", f"unreadable canary output: {result.stdout[:200]!r}")
+        expected = {
+            "interfaces": ["lo"],
+            "root_read_only": True,
+            "uid": 65534,
+            "gid": 65534,
+            "cap_eff": "0000000000000000",
+            "no_new_privs": "1",
+        }
+        wrong = {key: seen.get(key) for key, want in expected.items() if seen.get(key) != want}
+        if self.policy.allow_network:
+            wrong.pop("interfaces", None)
+        if wrong:
+            return SandboxHealth(False, "canary_failed", f"unexpected inside the sandbox: {wrong}")
+        return SandboxHealth(True, "ok", json.dumps(seen, sort_keys=True))
+
+    # -- containers -----------------------------------------------------------------------------------------
+
+    async def start(self, limits: Limits, *, role: str) -> StartedContainer:
+        """Create, attach and start one container. Raises SandboxUnavailable.
+
+        Shielded: a container that exists must reach our hands, or it would leak when a cancel lands mid-call.
+        """
+        with trio.CancelScope(shield=True):
+            container_id, raw = await trio.to_thread.run_sync(self._start_blocking, limits, role)
+        return StartedContainer(container_id, limits, trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw)
+
+    async def run(
+        self, request: ExecRequest, limits: Limits, *, source: ContainerSource | None = None
+    ) -> ExecResult:
+        """Run `request` with already clamped `limits`, in a pooled container from `source` if it has one."""
+        started_at = trio.current_time()
+        payload = encode_request(request, self.policy)
+        if isinstance(payload, ExecResult):
+            return payload
+        health = await self.ensure_ready()
+        if not health.ok:
+            return _unavailable(f"{health.reason}: {health.detail}", started_at)
+        started = source.take(limits) if source is not None else None
+        if started is None:
+            try:
+                started = await self.start(limits, role="cold")
+            except SandboxUnavailable as exc:
+                self._healthy_until = -math.inf
+                return _unavailable(str(exc), started_at)
+        return await self._drive(started, payload, limits, started_at)
+
+    async def _drive(
+        self, started: StartedContainer, payload: bytes, limits: Limits, started_at: float
+    ) -> ExecResult:
+        container_id = started.container_id
+        output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap)
+        try:
+            with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
+                await started.stream.send_all(payload)
+                while data := await started.stream.receive_some(RECV_CHUNK):
+                    output.feed(data)
+                # The stream ends when the program's stdio closes; the daemon knows the status a moment later.
+                status = await _abandonable_thread(functools.partial(self._wait_blocking, container_id))
+            if deadline.cancelled_caught:
+                with trio.CancelScope(shield=True):
+                    await self._kill(container_id)
+                return _result(output, started_at, exit_code=TIMEOUT_EXIT_CODE, kind=ErrorKind.TIMEOUT)
+            if status == 0:
+                return _result(output, started_at, exit_code=0, kind=None)
+            oom_killed = await trio.to_thread.run_sync(self._oom_killed_blocking, container_id)
+            kind = ErrorKind.MEMORY_EXCEEDED if oom_killed else ErrorKind.EXECUTION_FAILED
+            return _result(output, started_at, exit_code=status, kind=kind)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await self._kill(container_id)
+            raise
+        except LOST_CONTAINER_ERRORS as exc:
+            self._healthy_until = -math.inf
+            with trio.CancelScope(shield=True):
+                await self._kill(container_id)
+            log.warning("sandbox.lost", container=container_id[:12], error=repr(exc))
+            return _unavailable(f"lost the container mid-run: {exc!r}", started_at)
+        finally:
+            started.stream.socket.close()
+            await self.dispose(container_id)
+
+    async def dispose(self, container_id: str) -> None:
+        """Remove a container, in the background nursery when there is one. Never raises."""
+        if self._background is not None:
+            try:
+                self._background.start_soon(self._remove, container_id)
+                return
+            except RuntimeError:  # the nursery is closing: remove it here instead
+                pass
+        with trio.CancelScope(shield=True):
+            await self._remove(container_id)
+
+    async def remove_labelled(self, labels: dict[str, str]) -> int:
+        """Remove every container (any state) carrying all `labels`. Returns how many were removed."""
+        return await trio.to_thread.run_sync(self._remove_labelled_blocking, labels)
+
+    async def _remove(self, container_id: str) -> None:
+        try:
+            await trio.to_thread.run_sync(self._remove_blocking, container_id)
+        except DOCKER_ERRORS as exc:
+            # Left for the labelled sweep at the next start-up.
+            log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))
+
+    async def _kill(self, container_id: str) -> None:
+        try:
+            await trio.to_thread.run_sync(self._kill_blocking, container_id)
+        except DOCKER_ERRORS as exc:
+            log.warning("sandbox.kill_failed", container=container_id[:12], error=repr(exc))
+
+    # -- blocking SDK calls, always in worker threads --------------------------------------------------------
+
+    def _client(self) -> docker.APIClient:
+        with self._api_lock:
+            if self._api is None:
+                if self._base_url is not None:
+                    self._api = docker.APIClient(base_url=self._base_url, timeout=API_TIMEOUT_S)
+                else:
+                    self._api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=API_TIMEOUT_S)
+            return self._api
+
+    def _health_blocking(self) -> SandboxHealth:
+        try:
+            api = self._client()
+            api.ping()
+        except DOCKER_ERRORS as exc:
+            return SandboxHealth(False, "daemon_unreachable", f"cannot reach the Docker daemon: {exc}")
+        image = self.policy.image
+        try:
+            info = api.inspect_image(image)
+        except docker.errors.ImageNotFound:
+            return SandboxHealth(False, "image_missing", f"image {image} is not present: run `edgecoder image build`")
+        except DOCKER_ERRORS as exc:
+            return SandboxHealth(False, "daemon_unreachable", f"cannot inspect image {image}: {exc}")
+        user = (info.get("Config") or {}).get("User") or ""
+        if user not in ACCEPTED_IMAGE_USERS:
+            return SandboxHealth(False, "image_user", f"image {image} runs as {user or 'root'!r}, not 65534:65534")
+        return SandboxHealth(True, "ok", f"image {image} ({str(info.get('Id', ''))[:19]}) user {user}")
+
+    def _start_blocking(self, limits: Limits, role: str) -> tuple[str, socket.socket]:
+        try:
+            config = build_container_config(
+                limits, self.policy, labels={NODE_LABEL: self.node_label, ROLE_LABEL: role}
+            )
+        except (OSError, ValueError) as exc:
+            raise SandboxUnavailable(f"bad sandbox configuration: {exc}") from exc
+        try:
+            api = self._client()
+            container_id: str = api.create_container(**config)["Id"]
+        except DOCKER_ERRORS as exc:
+            raise SandboxUnavailable(f"cannot create a container: {exc}") from exc
+        try:
+            # Attach before start, so not one byte of output can be missed.
+            attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw = _own_socket(attached)
+            api.start(container_id)
+        except BaseException as exc:
+            try:
+                self._remove_blocking(container_id)
+            except DOCKER_ERRORS:
+                pass
+            if isinstance(exc, DOCKER_ERRORS):
+                raise SandboxUnavailable(f"cannot start a container: {exc}") from exc
+            raise
+        return container_id, raw
+
+    def _wait_blocking(self, container_id: str) -> int:
+        return int(self._client().wait(container_id)["StatusCode"])
+
+    def _oom_killed_blocking(self, container_id: str) -> bool:
+        state = self._client().inspect_container(container_id).get("State") or {}
+        return bool(state.get("OOMKilled"))
+
+    def _kill_blocking(self, container_id: str) -> None:
+        try:
+            self._client().kill(container_id)
+        except docker.errors.APIError as exc:
+            if exc.status_code not in (404, 409):  # already gone, or no longer running: both fine
+                raise
+
+    def _remove_blocking(self, container_id: str) -> None:
+        try:
+            self._client().remove_container(container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress
+                raise
+
+    def _remove_labelled_blocking(self, labels: dict[str, str]) -> int:
+        api = self._client()
+        filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
+        found = api.containers(all=True, filters=filters)
+        for container in found:
+            self._remove_blocking(container["Id"])
+        return len(found)
+
+
+async def _abandonable_thread(fn: Callable[[], T]) -> T:
+    """`trio.to_thread.run_sync(fn, abandon_on_cancel=True)`: a cancel returns at once, the thread finishes alone.
+
+    The stale trio-stubs package (pulled in by libp2p) predates the `abandon_on_cancel` name, hence the Any.
+    """
+    run_sync: Any = trio.to_thread.run_sync
+    return cast(T, await run_sync(fn, abandon_on_cancel=True))
+
+
+def encode_request(request: ExecRequest, policy: ExecutorPolicy) -> bytes | ExecResult:
+    """The stdin payload of a run, or the result explaining why there cannot be one."""
+    code = request.code.encode("utf-8", errors="surrogatepass")
+    try:
+        input_json = json.dumps(request.input, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        return _rejected(f"input is not JSON data: {exc}")
+    if len(code) > policy.max_code_bytes:
+        return _rejected(f"code is {len(code)} bytes, more than {policy.max_code_bytes}")
+    if len(input_json) > policy.max_input_bytes:
+        return _rejected(f"input is {len(input_json)} bytes of JSON, more than {policy.max_input_bytes}")
+    return encode_payload(request.language, code, input_json)
+
+
+def _own_socket(attached: Any) -> socket.socket:
+    """Our own duplicate of the attach connection's socket (the SDK wraps it in a SocketIO)."""
+    sock = getattr(attached, "_sock", attached)
+    if isinstance(sock, ssl.SSLSocket) or not isinstance(sock, socket.socket):
+        raise SandboxUnavailable(f"unsupported Docker transport for attach: {type(sock).__name__}")
+    duplicate = sock.dup()
+    attached.close()
+    sock.close()
+    return duplicate
+
+
+def _elapsed_ms(started_at: float) -> int:
+    return int((trio.current_time() - started_at) * 1000)
+
+
+def _result(output: AttachDemuxer, started_at: float, *, exit_code: int, kind: ErrorKind | None) -> ExecResult:
+    queue_reason: QueueReason | None = None
+    if kind is ErrorKind.TIMEOUT:
+        queue_reason = QueueReason.TIMEOUT
+    elif kind is ErrorKind.MEMORY_EXCEEDED:
+        queue_reason = QueueReason.MEMORY
+    return ExecResult(
+        ok=kind is None,
+        stdout=output.stdout.text(),
+        stderr=output.stderr.text(),
+        exit_code=exit_code,
+        duration_ms=_elapsed_ms(started_at),
+        queue_for_cloud=queue_reason is not None,
+        queue_reason=None if queue_reason is None else str(queue_reason),
+        error_kind=kind,
+        stdout_truncated=output.stdout.truncated,
+        stderr_truncated=output.stderr.truncated,
+    )
+
+
+def _unavailable(detail: str, started_at: float) -> ExecResult:
+    return ExecResult(
+        ok=False,
+        stderr=f"sandbox unavailable: {detail}",
+        duration_ms=_elapsed_ms(started_at),
+        queue_for_cloud=True,
+        queue_reason=str(QueueReason.SANDBOX_UNAVAILABLE),
+        error_kind=ErrorKind.SANDBOX_VIOLATION,
+    )
+
+
+def _rejected(why: str) -> ExecResult:
+    return ExecResult(ok=False, stderr=why, error_kind=ErrorKind.EXECUTION_FAILED)
+
+
+# Runs inside the sandbox as an ordinary task; prints what it observes, judged by `canary()` on the host.
+CANARY_CODE = """
+import errno, json, os
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+try:
+    open("/edgecoder-canary", "w").close()
+    root_read_only = False
+except OSError as exc:
+    root_read_only = exc.errno == errno.EROFS
+print(json.dumps({
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+    "root_read_only": root_read_only,
+    "uid": os.getuid(),
+    "gid": os.getgid(),
+    "groups": os.getgroups(),
+    "cap_eff": status["CapEff"].strip(),
+    "no_new_privs": status["NoNewPrivs"].strip(),
+}))
+"""

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
@@ -113,6 +114,13 @@ class GossipTransport:
             msg_id_constructor=message_id,
             seen_ttl=SEEN_TTL_SECONDS,
         )
+        # Pubsub reads each peer's inbound stream in a task libp2p's swarm owns, and schedules work on pubsub's own
+        # service from there. If pubsub stops while such a stream still delivers, that scheduling raises into the
+        # swarm and tears the host down. We track those streams so that `run` can end them before pubsub stops.
+        self._inbound_streams: dict[INetStream, trio.CancelScope] = {}
+        self._closing = False
+        for protocol in self.router.get_protocols():
+            host.host.set_stream_handler(protocol, self._read_pubsub_stream)
         self.pubsub.set_topic_validator(OFFERS_TOPIC, self._offer_is_valid, False)
         self.pubsub.set_topic_validator(HEARTBEAT_TOPIC, self._heartbeat_is_valid, False)
         self._nursery: trio.Nursery | None = None
@@ -133,9 +141,9 @@ class GossipTransport:
         """Run pubsub, the router, the heartbeat and the readers until cancelled. Start with `nursery.start`."""
         async with background_trio_service(self.pubsub), background_trio_service(self.router):
             await self.pubsub.wait_until_ready()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     heartbeats = await self.pubsub.subscribe(HEARTBEAT_TOPIC)
                     nursery.start_soon(self._read_heartbeats, heartbeats)
                     if self.sink.participating:
@@ -143,8 +151,33 @@ class GossipTransport:
                     nursery.start_soon(self._publish_heartbeats)
                     task_status.started()
                     await trio.sleep_forever()
-                finally:
-                    self._nursery = None
+            finally:
+                self._nursery = None
+                with trio.CancelScope(shield=True):
+                    await self._end_inbound_streams()
+
+    async def _read_pubsub_stream(self, stream: INetStream) -> None:
+        if self._closing:
+            await stream.reset()
+            return
+        # A cancel scope we own: trio cancellation wakes a read blocked in yamux, which a stream reset does not.
+        with trio.CancelScope() as scope:
+            self._inbound_streams[stream] = scope
+            try:
+                await self.pubsub.stream_handler(stream)
+            finally:
+                del self._inbound_streams[stream]
+
+    async def _end_inbound_streams(self) -> None:
+        """Refuse new pubsub streams and cancel the readers of open ones, so none outlives pubsub."""
+        self._closing = True
+        for protocol in self.router.get_protocols():
+            self.host.host.remove_stream_handler(protocol)
+        for scope in self._inbound_streams.values():
+            scope.cancel()
+        with trio.move_on_after(1):
+            while self._inbound_streams:
+                await trio.sleep(0)
 
     async def withdraw(self) -> None:
         """Stop taking offers: leave the offers mesh (peers stop sending them). Heartbeats continue."""

@@ -6,15 +6,23 @@ stays plain Debian and the protocol can change without a rebuild.
 
 Wire format, host -> container stdin:
 
-    header   HEADER_SIZE bytes of ASCII: b"EC1 <language:10> <code_len:10> <input_len:10>\\n"
+    header   HEADER_SIZE bytes of ASCII: b"EC1 <language:10> <code_len:10> <input_len:10> <nonce:32>\\n"
     code     code_len bytes of UTF-8 program text
     input    input_len bytes of JSON text
 
 The bootstrap reads exactly these bytes (unbuffered os.read, so it never over-reads), writes the code to
 /tmp/main.py or /tmp/main.js and the input to /tmp/input.json (tmpfs; noexec does not matter because the
-interpreter reads the file), points fd 0 at the input file and execs `python3 /tmp/main.py` or
-`node /tmp/main.js`. The program thus sees its input as JSON on stdin with a real end of file, whatever the
-attach connection does, and runs as the container's PID 1 exactly as it would from a shell.
+interpreter reads the file) and execs a two-line `/bin/sh` supervisor, which runs `python3 /tmp/main.py` or
+`node /tmp/main.js` with stdin redirected from the input file (so the program sees its input as JSON on stdin,
+with a real end of file, whatever the attach connection does), then writes the trailer
+
+    b"EC1END:<nonce>:<status:3>\\n"   on stderr   (status as the shell reports it: 128+N for signal N)
+
+and exits with the program's status. The trailer lets the host return as soon as the program has ended,
+without waiting ~35 ms for Docker to tear the container down and close the attach stream, and without an
+extra `wait` request. It is stripped from stderr. The nonce is fresh per run, so no output can end with it by
+accident; a program that learns it (from /proc) can only misreport its own result, which it controls anyway.
+If the trailer does not arrive (the supervisor was killed), the host falls back to end of stream + `wait`.
 
 The bootstrap writes nothing before the header arrives. That matters: the host reads the attach socket
 directly, below the HTTP client's buffer, so any byte sent before the first request would be lost.
@@ -22,10 +30,14 @@ directly, below the HTTP client's buffer, so any byte sent before the first requ
 
 from __future__ import annotations
 
+import secrets
+
 from executor.contract import Language
 
-HEADER_SIZE = 37
+HEADER_SIZE = 70
 MAGIC = "EC1"
+TRAILER_TAG = b"EC1END:"
+TRAILER_SIZE = len(TRAILER_TAG) + 32 + 1 + 3 + 1
 # Exit status of the bootstrap itself when the stream is malformed (never the program's own status).
 BOOTSTRAP_FAILED = 125
 
@@ -35,14 +47,31 @@ PROGRAMS: dict[Language, tuple[str, str]] = {
 }
 
 
-def encode_header(language: Language, code_len: int, input_len: int) -> bytes:
-    header = f"{MAGIC} {language:<10} {code_len:>10} {input_len:>10}\n".encode("ascii")
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def encode_header(language: Language, code_len: int, input_len: int, nonce: str) -> bytes:
+    header = f"{MAGIC} {language:<10} {code_len:>10} {input_len:>10} {nonce}\n".encode("ascii")
     assert len(header) == HEADER_SIZE, header
     return header
 
 
-def encode_payload(language: Language, code: bytes, input_json: bytes) -> bytes:
-    return encode_header(language, len(code), len(input_json)) + code + input_json
+def encode_payload(language: Language, code: bytes, input_json: bytes, nonce: str) -> bytes:
+    return encode_header(language, len(code), len(input_json), nonce) + code + input_json
+
+
+def parse_trailer(tail: bytes, nonce: str) -> int | None:
+    """The program's exit status if `tail` is exactly this run's trailer, else None."""
+    prefix = TRAILER_TAG + nonce.encode("ascii") + b":"
+    if len(tail) != TRAILER_SIZE or not tail.startswith(prefix) or not tail.endswith(b"\n"):
+        return None
+    digits = tail[len(prefix) : -1]
+    return int(digits) if digits.isdigit() else None
+
+
+# $1 nonce, $2 interpreter, $3 program. dash keeps running as the parent, so it sees the status.
+SUPERVISOR = '"$2" "$3" </tmp/input.json; s=$?; printf "EC1END:%s:%03d\\n" "$1" "$s" >&2; exit "$s"'
 
 
 BOOTSTRAP = f"""
@@ -69,7 +98,7 @@ def copy_to(path, n):
             chunk = chunk[os.write(fd, chunk):]
     os.close(fd)
 fields = read_exact({HEADER_SIZE}).split()
-if len(fields) != 4 or fields[0] != b"{MAGIC}":
+if len(fields) != 5 or fields[0] != b"{MAGIC}":
     fail(b"bad header")
 programs = {{{", ".join(f"b{lang!r}: ({path!r}, {interp!r})" for lang, (path, interp) in PROGRAMS.items())}}}
 if fields[1] not in programs:
@@ -80,5 +109,9 @@ copy_to("/tmp/input.json", int(fields[3]))
 fd = os.open("/tmp/input.json", os.O_RDONLY)
 os.dup2(fd, 0)
 os.close(fd)
-os.execve(interpreter, [interpreter, path], {{"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}})
+os.execve(
+    "/bin/sh",
+    ["sh", "-c", {SUPERVISOR!r}, "sh", fields[4].decode(), interpreter, path],
+    {{"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}},
+)
 """

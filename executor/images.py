@@ -78,9 +78,7 @@ def build_image(
     api = client or _api()
     progress(f"importing {tarball} as {tag}")
     try:
-        api.import_image(
-            src=str(tarball), repository=tag, changes=[f"USER {SANDBOX_USER}", "WORKDIR /tmp"]
-        )
+        api.import_image(src=str(tarball), repository=tag, changes=[f"USER {SANDBOX_USER}", "WORKDIR /tmp"])
     except (docker.errors.DockerException, requests.RequestException) as exc:
         raise ImageError(f"cannot import the image into Docker: {exc}") from exc
     user = image_user(tag, client=api)

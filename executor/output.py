@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+from executor.bootstrap import TRAILER_SIZE, parse_trailer
+
 # Docker's attach stream without a tty: frames of [stream, 0, 0, 0, size (uint32 big-endian)] + payload.
 FRAME_HEADER = struct.Struct(">BxxxI")
 STDOUT, STDERR = 1, 2
@@ -33,23 +35,36 @@ class BoundedBuffer:
 class AttachDemuxer:
     """Incremental parser of the multiplexed attach stream, in memory bounded by the two caps.
 
-    Only a frame header (8 bytes) is ever carried over between feeds; payload bytes beyond a cap are skipped
-    without being stored.
+    Only a frame header (8 bytes) and the last TRAILER_SIZE bytes of stderr are carried between feeds; payload
+    beyond a cap is skipped without being stored. Those last stderr bytes are held back because they may be the
+    supervisor's trailer (see executor/bootstrap.py): once they are, `exit_status` is set and the trailer never
+    reaches the captured stderr.
     """
 
-    def __init__(self, stdout_cap: int, stderr_cap: int) -> None:
+    def __init__(self, stdout_cap: int, stderr_cap: int, *, nonce: str) -> None:
         self.stdout = BoundedBuffer(stdout_cap)
         self.stderr = BoundedBuffer(stderr_cap)
+        self.exit_status: int | None = None
+        self._nonce = nonce
+        self._held = b""  # newest stderr bytes, not yet known not to be the trailer
         self._header = b""
         self._stream = 0
         self._remaining = 0  # payload bytes still to come in the current frame
 
+    def finish(self) -> None:
+        """End of stream without a trailer: what was held back is ordinary stderr."""
+        self.stderr.append(self._held)
+        self._held = b""
+
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
+        while view and self.exit_status is None:
             if self._remaining:
                 take = min(self._remaining, len(view))
-                self._target().append(view[:take])
+                if self._stream == STDOUT:
+                    self.stdout.append(view[:take])
+                else:
+                    self._hold_stderr(view[:take])
                 self._remaining -= take
                 view = view[take:]
                 continue
@@ -60,6 +75,17 @@ class AttachDemuxer:
                 self._stream, self._remaining = FRAME_HEADER.unpack(self._header)
                 self._header = b""
 
-    def _target(self) -> BoundedBuffer:
-        # stdin echo (0) cannot occur without a tty; anything unknown is counted as stderr, never dropped.
-        return self.stdout if self._stream == STDOUT else self.stderr
+    def _hold_stderr(self, data: memoryview) -> None:
+        # Anything not stdout (stdin echo cannot occur without a tty) counts as stderr, never dropped.
+        if len(data) >= TRAILER_SIZE:
+            self.stderr.append(self._held)
+            self.stderr.append(data[: len(data) - TRAILER_SIZE])
+            self._held = bytes(data[len(data) - TRAILER_SIZE :])
+        else:
+            combined = self._held + bytes(data)
+            self.stderr.append(combined[: max(0, len(combined) - TRAILER_SIZE)])
+            self._held = combined[-TRAILER_SIZE:]
+        status = parse_trailer(self._held, self._nonce)
+        if status is not None:
+            self.exit_status = status
+            self._held = b""

@@ -32,7 +32,7 @@ import requests
 import structlog
 import trio
 
-from executor.bootstrap import encode_payload
+from executor.bootstrap import encode_payload, new_nonce
 from executor.container_config import NODE_LABEL, build_container_config
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
 from executor.output import AttachDemuxer
@@ -167,12 +167,11 @@ class DockerSandbox:
             container_id, raw = await trio.to_thread.run_sync(self._start_blocking, limits, role)
         return StartedContainer(container_id, limits, trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw)
 
-    async def run(
-        self, request: ExecRequest, limits: Limits, *, source: ContainerSource | None = None
-    ) -> ExecResult:
+    async def run(self, request: ExecRequest, limits: Limits, *, source: ContainerSource | None = None) -> ExecResult:
         """Run `request` with already clamped `limits`, in a pooled container from `source` if it has one."""
         started_at = trio.current_time()
-        payload = encode_request(request, self.policy)
+        nonce = new_nonce()
+        payload = encode_request(request, self.policy, nonce)
         if isinstance(payload, ExecResult):
             return payload
         health = await self.ensure_ready()
@@ -185,20 +184,28 @@ class DockerSandbox:
             except SandboxUnavailable as exc:
                 self._healthy_until = -math.inf
                 return _unavailable(str(exc), started_at)
-        return await self._drive(started, payload, limits, started_at)
+        return await self._drive(started, payload, nonce, limits, started_at)
 
     async def _drive(
-        self, started: StartedContainer, payload: bytes, limits: Limits, started_at: float
+        self, started: StartedContainer, payload: bytes, nonce: str, limits: Limits, started_at: float
     ) -> ExecResult:
         container_id = started.container_id
-        output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap)
+        output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap, nonce=nonce)
+        wait = functools.partial(self._wait_blocking, container_id)
         try:
             with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
                 await started.stream.send_all(payload)
-                while data := await started.stream.receive_some(RECV_CHUNK):
+                while output.exit_status is None and (data := await started.stream.receive_some(RECV_CHUNK)):
                     output.feed(data)
-                # The stream ends when the program's stdio closes; the daemon knows the status a moment later.
-                status = await _abandonable_thread(functools.partial(self._wait_blocking, container_id))
+                if output.exit_status is None:
+                    # No trailer: the supervisor itself died (OOM, kill). The daemon has the status.
+                    output.finish()
+                    status = await _abandonable_thread(wait)
+                else:
+                    status = output.exit_status
+                    if status != 0:
+                        # Let the container finish, so the daemon has processed any OOM event before inspect.
+                        await _abandonable_thread(wait)
             if deadline.cancelled_caught:
                 with trio.CancelScope(shield=True):
                     await self._kill(container_id)
@@ -221,6 +228,18 @@ class DockerSandbox:
         finally:
             started.stream.socket.close()
             await self.dispose(container_id)
+
+    @property
+    def has_background(self) -> bool:
+        return self._background is not None
+
+    def dispose_soon(self, container_id: str) -> None:
+        """Schedule removal in the background nursery (which must exist). Never raises."""
+        assert self._background is not None
+        try:
+            self._background.start_soon(self._remove, container_id)
+        except RuntimeError:
+            log.warning("sandbox.remove_skipped", container=container_id[:12], reason="owner closed")
 
     async def dispose(self, container_id: str) -> None:
         """Remove a container, in the background nursery when there is one. Never raises."""
@@ -281,9 +300,7 @@ class DockerSandbox:
 
     def _start_blocking(self, limits: Limits, role: str) -> tuple[str, socket.socket]:
         try:
-            config = build_container_config(
-                limits, self.policy, labels={NODE_LABEL: self.node_label, ROLE_LABEL: role}
-            )
+            config = build_container_config(limits, self.policy, labels={NODE_LABEL: self.node_label, ROLE_LABEL: role})
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"bad sandbox configuration: {exc}") from exc
         try:
@@ -347,8 +364,8 @@ async def _abandonable_thread(fn: Callable[[], T]) -> T:
     return cast(T, await run_sync(fn, abandon_on_cancel=True))
 
 
-def encode_request(request: ExecRequest, policy: ExecutorPolicy) -> bytes | ExecResult:
-    """The stdin payload of a run, or the result explaining why there cannot be one."""
+def prepare_request(request: ExecRequest, policy: ExecutorPolicy) -> tuple[bytes, bytes] | ExecResult:
+    """(code, input JSON) as bytes within the policy's sizes, or the result explaining why not."""
     code = request.code.encode("utf-8", errors="surrogatepass")
     try:
         input_json = json.dumps(request.input, allow_nan=False).encode("utf-8")
@@ -358,7 +375,15 @@ def encode_request(request: ExecRequest, policy: ExecutorPolicy) -> bytes | Exec
         return _rejected(f"code is {len(code)} bytes, more than {policy.max_code_bytes}")
     if len(input_json) > policy.max_input_bytes:
         return _rejected(f"input is {len(input_json)} bytes of JSON, more than {policy.max_input_bytes}")
-    return encode_payload(request.language, code, input_json)
+    return code, input_json
+
+
+def encode_request(request: ExecRequest, policy: ExecutorPolicy, nonce: str) -> bytes | ExecResult:
+    """The stdin payload of a run (see executor/bootstrap.py), or the result explaining why there is none."""
+    prepared = prepare_request(request, policy)
+    if isinstance(prepared, ExecResult):
+        return prepared
+    return encode_payload(request.language, *prepared, nonce)
 
 
 def _own_socket(attached: Any) -> socket.socket:

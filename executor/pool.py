@@ -1,0 +1,106 @@
+"""WarmPool: a few started containers, each waiting on stdin for exactly one task, never reused.
+
+Reuse would let one task leave something (a file in /tmp, a process) for the next. A container that has run a
+task is removed; the pool refills in the owner's nursery. Every container carries the node's label, so a node
+that crashed can sweep what it left (`sweep_leftovers`) at its next start-up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import structlog
+import trio
+
+from executor.container_config import MESH_LABEL, NODE_LABEL
+from executor.contract import Limits
+from executor.sandbox import DockerSandbox, SandboxUnavailable, StartedContainer
+
+log = structlog.get_logger(__name__)
+
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 10.0
+
+
+class WarmPool:
+    def __init__(self, sandbox: DockerSandbox, *, limits: Limits, size: int) -> None:
+        if size and not sandbox.has_background:
+            raise ValueError("a warm pool needs a sandbox with a background nursery for removals")
+        self._sandbox = sandbox
+        self.limits = limits
+        self.size = size
+        self._ready: deque[StartedContainer] = deque()
+        self._refill_wanted = trio.Event()
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    def take(self, limits: Limits) -> StartedContainer | None:
+        """A started container for `limits`, or None (the caller then starts one cold).
+
+        Only memory and cpus are properties of a container; the timeout is enforced by the executor, so a run
+        with any timeout can use a pooled container made with the same memory and cpus.
+        """
+        if (limits.memory_mb, limits.cpus) != (self.limits.memory_mb, self.limits.cpus):
+            return None
+        self._refill_wanted.set()
+        while self._ready:
+            container = self._ready.popleft()
+            if container.looks_alive():
+                return container
+            # Died while waiting (daemon restart, external removal): never hand it out.
+            container.stream.socket.close()
+            self._discard(container)
+        return None
+
+    async def keep_filled(self) -> None:
+        """Refill forever, one container at a time. Runs in the owner's nursery until cancelled."""
+        retry_s = RETRY_FIRST_S
+        while True:
+            while len(self._ready) < self.size:
+                try:
+                    health = await self._sandbox.ensure_ready()
+                    if not health.ok:
+                        raise SandboxUnavailable(f"{health.reason}: {health.detail}")
+                    container = await self._sandbox.start(self.limits, role="pool")
+                except SandboxUnavailable as exc:
+                    log.warning("pool.refill_failed", error=str(exc), retry_in_s=retry_s)
+                    await trio.sleep(retry_s)
+                    retry_s = min(retry_s * 2, RETRY_MAX_S)
+                    continue
+                retry_s = RETRY_FIRST_S
+                self._ready.append(container)
+            self._refill_wanted = trio.Event()
+            await self._refill_wanted.wait()
+
+    async def close(self) -> None:
+        """Remove every idle container now (shielded: this runs while the owner shuts down)."""
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                while self._ready:
+                    container = self._ready.popleft()
+                    container.stream.socket.close()
+                    nursery.start_soon(self._sandbox.dispose, container.container_id)
+
+    async def sweep_leftovers(self) -> int:
+        """Remove containers a previous run of this node left (same node label), in any state."""
+        return await self._sweep({MESH_LABEL: "1", NODE_LABEL: self._sandbox.node_label})
+
+    async def sweep_all(self) -> int:
+        """Remove every edgecoder container on the daemon, whichever node made it. For operators, not tests."""
+        return await self._sweep({MESH_LABEL: "1"})
+
+    async def _sweep(self, labels: dict[str, str]) -> int:
+        try:
+            removed = await self._sandbox.remove_labelled(labels)
+        except Exception as exc:  # no daemon at start-up is normal; the pool simply stays empty
+            log.info("pool.sweep_skipped", error=repr(exc))
+            return 0
+        if removed:
+            log.info("pool.swept", removed=removed, labels=labels)
+        return removed
+
+    def _discard(self, container: StartedContainer) -> None:
+        # take() is synchronous, so the removal goes to the owner's nursery.
+        self._sandbox.dispose_soon(container.container_id)

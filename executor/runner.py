@@ -1,0 +1,189 @@
+"""Executor: the one entry point through which the node runs code.
+
+    async with Executor.open(policy, node_label=node_id) as ex:
+        result = await ex.run_code(request)                  # sandbox="docker", origin="remote"
+
+The order of decisions for a run is fixed, and every refusal happens before anything is started:
+
+1. a remote task may never run on the host (`sandbox_required_for_remote_task`): no process, no container;
+2. remote code outside the subset is refused (`outside_subset`), as hygiene, when the policy says so;
+3. limits are clamped into the policy;
+4. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
+5. the run itself: pooled when the clamped memory and cpus match the pool's, cold otherwise.
+
+The executor owns a nursery: the pool refill and the removal of finished containers live there, and leaving the
+`async with` aborts runs still in flight (their results say `aborted`), removes idle pool containers and waits
+for pending removals.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from executor.contract import (
+    LANGUAGES,
+    SANDBOX_REQUIRED,
+    ErrorKind,
+    ExecRequest,
+    ExecResult,
+    Limits,
+    QueueReason,
+    refusal,
+)
+from executor.host import run_on_host
+from executor.policy import ExecutorPolicy
+from executor.pool import WarmPool
+from executor.sandbox import DockerSandbox, SandboxHealth
+from executor.subset import check_subset
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorStats:
+    """For metrics: containers ready in the pool, runs holding a slot, runs waiting for one."""
+
+    pool_ready: int
+    pool_size: int
+    runs_in_flight: int
+    waiting: int
+
+
+class Executor:
+    def __init__(self, policy: ExecutorPolicy, sandbox: DockerSandbox, pool: WarmPool) -> None:
+        self.policy = policy
+        self.sandbox = sandbox
+        self.pool = pool
+        self._slots = trio.CapacityLimiter(policy.max_concurrent)
+        self._in_flight = 0
+        self._waiting = 0
+        self._closing = False
+        self._runs: set[trio.CancelScope] = set()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        policy: ExecutorPolicy | None = None,
+        *,
+        node_label: str = "local",
+        docker_base_url: str | None = None,
+        pool: bool = True,
+    ) -> AsyncIterator[Executor]:
+        """An executor whose pool and background removals live exactly as long as the `async with`."""
+        policy = policy or ExecutorPolicy.from_env()
+        async with trio.open_nursery() as nursery:
+            sandbox = DockerSandbox(policy, node_label=node_label, base_url=docker_base_url, background=nursery)
+            warm = WarmPool(sandbox, limits=policy.pool_limits, size=policy.pool_size if pool else 0)
+            executor = cls(policy, sandbox, warm)
+            refill = trio.CancelScope()
+            if warm.size:
+                with trio.CancelScope(shield=True):
+                    await warm.sweep_leftovers()
+                nursery.start_soon(_run_in_scope, refill, warm.keep_filled)
+            try:
+                yield executor
+            finally:
+                with trio.CancelScope(shield=True):
+                    executor._closing = True
+                    executor.abort_all()
+                    refill.cancel()
+                    await warm.close()
+            # The nursery now waits for the removals still pending.
+
+    async def run_code(self, request: ExecRequest, *, sandbox: str = "docker", origin: str = "remote") -> ExecResult:
+        if sandbox == "host" and origin != "local":
+            return refusal(
+                SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.SANDBOX_REQUIRED
+            )
+        if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
+            return _invalid(f"unknown sandbox {sandbox!r} or origin {origin!r}")
+        if request.language not in LANGUAGES:
+            return _invalid(f"unsupported language {request.language!r}")
+        if sandbox == "docker" and origin == "remote" and self.policy.subset_check:
+            violation = check_subset(request.language, request.code)
+            if violation is not None:
+                where = "" if violation.line is None else f" (line {violation.line})"
+                return refusal(
+                    f"{QueueReason.OUTSIDE_SUBSET}: {violation.construct}{where}",
+                    error_kind=ErrorKind.SANDBOX_VIOLATION,
+                    queue_reason=QueueReason.OUTSIDE_SUBSET,
+                )
+        limits = self.policy.clamp(request.limits)
+        if self._closing:
+            return _aborted(0)
+        if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
+            return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.BUSY)
+        return await self._admitted(request, limits, on_host=sandbox == "host")
+
+    async def _admitted(self, request: ExecRequest, limits: Limits, *, on_host: bool) -> ExecResult:
+        started_at = trio.current_time()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._in_flight += 1
+        try:
+            with trio.CancelScope() as run_scope:
+                self._runs.add(run_scope)
+                if self._closing:
+                    run_scope.cancel()
+                if on_host:
+                    return await run_on_host(request, limits, self.policy)
+                return await self.sandbox.run(request, limits, source=self.pool)
+            # Only abort_all() cancels this scope; the sandbox has killed and removed the container.
+            return _aborted(int((trio.current_time() - started_at) * 1000))
+        finally:
+            self._runs.discard(run_scope)
+            self._in_flight -= 1
+            self._slots.release()
+
+    def abort_all(self) -> None:
+        """Abort every run in flight: containers are killed and removed, results say `aborted`."""
+        for scope in list(self._runs):
+            scope.cancel()
+
+    async def health(self) -> SandboxHealth:
+        return await self.sandbox.health()
+
+    async def canary(self) -> SandboxHealth:
+        return await self.sandbox.canary()
+
+    def stats(self) -> ExecutorStats:
+        return ExecutorStats(
+            pool_ready=self.pool.ready,
+            pool_size=self.pool.size,
+            runs_in_flight=self._in_flight,
+            waiting=self._waiting,
+        )
+
+
+async def run_code(
+    request: ExecRequest,
+    *,
+    sandbox: str = "docker",
+    origin: str = "remote",
+    policy: ExecutorPolicy | None = None,
+) -> ExecResult:
+    """One run through a short-lived executor without a pool: for one-off CLI use."""
+    async with Executor.open(policy, node_label=f"oneoff-{uuid.uuid4().hex[:12]}", pool=False) as executor:
+        return await executor.run_code(request, sandbox=sandbox, origin=origin)
+
+
+async def _run_in_scope(scope: trio.CancelScope, task: Callable[[], Awaitable[None]]) -> None:
+    with scope:
+        await task()
+
+
+def _aborted(duration_ms: int) -> ExecResult:
+    return refusal(
+        "run aborted", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED, duration_ms=duration_ms
+    )
+
+
+def _invalid(why: str) -> ExecResult:
+    return ExecResult(ok=False, stderr=why, error_kind=ErrorKind.EXECUTION_FAILED)

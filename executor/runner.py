@@ -50,6 +50,11 @@ class ExecutorStats:
     pool_size: int
     runs_in_flight: int
     waiting: int
+    max_concurrent: int
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_concurrent - self.runs_in_flight)
 
 
 class Executor:
@@ -71,13 +76,17 @@ class Executor:
         *,
         node_label: str = "local",
         docker_base_url: str | None = None,
-        pool: bool = True,
+        pool_size: int | None = None,
     ) -> AsyncIterator[Executor]:
-        """An executor whose pool and background removals live exactly as long as the `async with`."""
+        """An executor whose pool and background removals live exactly as long as the `async with`.
+
+        `pool_size` overrides the policy's (0: no pool, every run cold); `docker_base_url` overrides DOCKER_HOST.
+        """
         policy = policy or ExecutorPolicy.from_env()
         async with trio.open_nursery() as nursery:
             sandbox = DockerSandbox(policy, node_label=node_label, base_url=docker_base_url, background=nursery)
-            warm = WarmPool(sandbox, limits=policy.pool_limits, size=policy.pool_size if pool else 0)
+            size = policy.pool_size if pool_size is None else pool_size
+            warm = WarmPool(sandbox, limits=policy.pool_limits, size=size)
             executor = cls(policy, sandbox, warm)
             refill = trio.CancelScope()
             if warm.size:
@@ -96,9 +105,7 @@ class Executor:
 
     async def run_code(self, request: ExecRequest, *, sandbox: str = "docker", origin: str = "remote") -> ExecResult:
         if sandbox == "host" and origin != "local":
-            return refusal(
-                SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.SANDBOX_REQUIRED
-            )
+            return refusal(SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=SANDBOX_REQUIRED)
         if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
             return _invalid(f"unknown sandbox {sandbox!r} or origin {origin!r}")
         if request.language not in LANGUAGES:
@@ -110,13 +117,13 @@ class Executor:
                 return refusal(
                     f"{QueueReason.OUTSIDE_SUBSET}: {violation.construct}{where}",
                     error_kind=ErrorKind.SANDBOX_VIOLATION,
-                    queue_reason=QueueReason.OUTSIDE_SUBSET,
+                    queue_reason=str(QueueReason.OUTSIDE_SUBSET),
                 )
         limits = self.policy.clamp(request.limits)
         if self._closing:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
-            return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.BUSY)
+            return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
         return await self._admitted(request, limits, on_host=sandbox == "host")
 
     async def _admitted(self, request: ExecRequest, limits: Limits, *, on_host: bool) -> ExecResult:
@@ -159,6 +166,7 @@ class Executor:
             pool_size=self.pool.size,
             runs_in_flight=self._in_flight,
             waiting=self._waiting,
+            max_concurrent=self.policy.max_concurrent,
         )
 
 
@@ -170,7 +178,7 @@ async def run_code(
     policy: ExecutorPolicy | None = None,
 ) -> ExecResult:
     """One run through a short-lived executor without a pool: for one-off CLI use."""
-    async with Executor.open(policy, node_label=f"oneoff-{uuid.uuid4().hex[:12]}", pool=False) as executor:
+    async with Executor.open(policy, node_label=f"oneoff-{uuid.uuid4().hex[:12]}", pool_size=0) as executor:
         return await executor.run_code(request, sandbox=sandbox, origin=origin)
 
 
@@ -181,7 +189,7 @@ async def _run_in_scope(scope: trio.CancelScope, task: Callable[[], Awaitable[No
 
 def _aborted(duration_ms: int) -> ExecResult:
     return refusal(
-        "run aborted", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED, duration_ms=duration_ms
+        "run aborted", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.ABORTED), duration_ms=duration_ms
     )
 
 

@@ -1,0 +1,101 @@
+"""Shared test machinery: async tests under Trio, and the `docker` marker's skip-or-fail rule.
+
+- An `async def test_...` runs under `trio.run` (a tiny stand-in for pytest-trio, which the project does not use).
+- A test marked `@pytest.mark.docker` needs a reachable daemon and the sandbox image with user 65534. Without
+  them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_DOCKER=1 (CI), where it FAILS instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+import requests
+import trio
+
+from executor.container_config import NODE_LABEL
+from executor.policy import DEFAULT_IMAGE
+
+_docker_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
+
+
+def docker_problem() -> str | None:
+    """Why docker tests cannot run here, or None when they can. Checked once per session."""
+    global _docker_problem
+    if _docker_problem is False:
+        _docker_problem = _check_docker()
+    assert _docker_problem is not False
+    return _docker_problem
+
+
+def _check_docker() -> str | None:
+    image = os.environ.get("EDGECODER_IMAGE") or DEFAULT_IMAGE
+    try:
+        api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=10)
+        api.ping()
+    except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+        return f"no Docker daemon reachable ({exc})"
+    try:
+        user = (api.inspect_image(image).get("Config") or {}).get("User")
+    except docker.errors.ImageNotFound:
+        return f"sandbox image {image} missing: run `python -m executor.images build`"
+    if user not in ("65534", "65534:65534"):
+        return f"sandbox image {image} has user {user!r}, not 65534:65534: rebuild it"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("docker") is None:
+        return
+    problem = docker_problem()
+    if problem is None:
+        return
+    if os.environ.get("EDGECODER_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"EDGECODER_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    trio.run(functools.partial(pyfuncitem.obj, **arguments))
+    return True
+
+
+@pytest.fixture(scope="session")
+def docker_api() -> Iterator[docker.APIClient]:
+    """A plain SDK client to the real daemon, for asserting what exists on it."""
+    problem = docker_problem()
+    if problem is not None:
+        if os.environ.get("EDGECODER_REQUIRE_DOCKER") == "1":
+            pytest.fail(problem, pytrace=False)
+        pytest.skip(problem)
+    api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=30)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def node_label(docker_api: docker.APIClient) -> Iterator[str]:
+    """A node label unique to one test, so its container checks never see other tests' (or engineers') work."""
+    label = f"test-{uuid.uuid4().hex[:12]}"
+    yield label
+    # Whatever the test asserted, leave nothing behind on the shared daemon.
+    for container in containers_of(docker_api, label):
+        try:
+            docker_api.remove_container(container["Id"], force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def containers_of(api: docker.APIClient, label: str) -> list[dict[str, Any]]:
+    return api.containers(all=True, filters={"label": f"{NODE_LABEL}={label}"})

@@ -12,16 +12,18 @@ Wire format, host -> container stdin:
 
 The bootstrap reads exactly these bytes (unbuffered os.read, so it never over-reads), writes the code to
 /tmp/main.py or /tmp/main.js and the input to /tmp/input.json (tmpfs; noexec does not matter because the
-interpreter reads the file) and execs a two-line `/bin/sh` supervisor, which runs `python3 /tmp/main.py` or
+interpreter reads the file) and execs a one-line `/bin/sh` supervisor, which runs `python3 /tmp/main.py` or
 `node /tmp/main.js` with stdin redirected from the input file (so the program sees its input as JSON on stdin,
 with a real end of file, whatever the attach connection does), then writes the trailer
 
-    b"EC1END:<nonce>:<status:3>\\n"   on stderr   (status as the shell reports it: 128+N for signal N)
+    b"EC1END:<nonce>:<status:3>\\n"   on stdout AND on stderr   (status as the shell reports it: 128+N for N)
 
 and exits with the program's status. The trailer lets the host return as soon as the program has ended,
 without waiting ~35 ms for Docker to tear the container down and close the attach stream, and without an
-extra `wait` request. It is stripped from stderr. The nonce is fresh per run, so no output can end with it by
-accident; a program that learns it (from /proc) can only misreport its own result, which it controls anyway.
+extra `wait` request. Docker copies the two streams independently, so a trailer on each is what proves that
+each stream has delivered all the program wrote. Trailers are stripped from the output. The nonce is fresh per
+run, so no output can end with it by accident; a program that learns it (from /proc) can only misreport its own
+result, which it controls anyway.
 If the trailer does not arrive (the supervisor was killed), the host falls back to end of stream + `wait`.
 
 The bootstrap writes nothing before the header arrives. That matters: the host reads the attach socket
@@ -71,7 +73,11 @@ def parse_trailer(tail: bytes, nonce: str) -> int | None:
 
 
 # $1 nonce, $2 interpreter, $3 program. dash keeps running as the parent, so it sees the status.
-SUPERVISOR = '"$2" "$3" </tmp/input.json; s=$?; printf "EC1END:%s:%03d\\n" "$1" "$s" >&2; exit "$s"'
+# printf is a dash builtin: writing the trailers forks nothing (a fork can fail once pids are exhausted).
+SUPERVISOR = (
+    '"$2" "$3" </tmp/input.json; s=$?; '
+    'printf "EC1END:%s:%03d\\n" "$1" "$s"; printf "EC1END:%s:%03d\\n" "$1" "$s" >&2; exit "$s"'
+)
 
 
 BOOTSTRAP = f"""

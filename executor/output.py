@@ -32,39 +32,73 @@ class BoundedBuffer:
         return b"".join(self._chunks).decode("utf-8", errors="replace")
 
 
+class _TrailedStream:
+    """One output stream whose newest TRAILER_SIZE bytes are held back: they may be the supervisor's trailer."""
+
+    def __init__(self, cap: int, nonce: str) -> None:
+        self.buffer = BoundedBuffer(cap)
+        self.status: int | None = None
+        self._nonce = nonce
+        self._held = b""
+
+    def append(self, data: memoryview) -> None:
+        if self.status is not None:
+            return  # a leftover child writing after the program ended: not the program's output
+        if len(data) >= TRAILER_SIZE:
+            self.buffer.append(self._held)
+            self.buffer.append(data[: len(data) - TRAILER_SIZE])
+            self._held = bytes(data[len(data) - TRAILER_SIZE :])
+        else:
+            combined = self._held + bytes(data)
+            self.buffer.append(combined[: max(0, len(combined) - TRAILER_SIZE)])
+            self._held = combined[-TRAILER_SIZE:]
+        status = parse_trailer(self._held, self._nonce)
+        if status is not None:
+            self.status = status
+            self._held = b""
+
+    def finish(self) -> None:
+        self.buffer.append(self._held)
+        self._held = b""
+
+
 class AttachDemuxer:
     """Incremental parser of the multiplexed attach stream, in memory bounded by the two caps.
 
-    Only a frame header (8 bytes) and the last TRAILER_SIZE bytes of stderr are carried between feeds; payload
-    beyond a cap is skipped without being stored. Those last stderr bytes are held back because they may be the
-    supervisor's trailer (see executor/bootstrap.py): once they are, `exit_status` is set and the trailer never
-    reaches the captured stderr.
+    Only a frame header (8 bytes) and the newest TRAILER_SIZE bytes of each stream are carried between feeds;
+    payload beyond a cap is skipped without being stored. The supervisor (executor/bootstrap.py) ends BOTH
+    streams with its trailer: Docker copies stdout and stderr independently, so only a trailer on each proves
+    that each has delivered everything the program wrote. `exit_status` is set once both have arrived; the
+    trailers never reach the captured output.
     """
 
     def __init__(self, stdout_cap: int, stderr_cap: int, *, nonce: str) -> None:
-        self.stdout = BoundedBuffer(stdout_cap)
-        self.stderr = BoundedBuffer(stderr_cap)
-        self.exit_status: int | None = None
-        self._nonce = nonce
-        self._held = b""  # newest stderr bytes, not yet known not to be the trailer
+        self._out = _TrailedStream(stdout_cap, nonce)
+        self._err = _TrailedStream(stderr_cap, nonce)
+        self.stdout = self._out.buffer
+        self.stderr = self._err.buffer
         self._header = b""
         self._stream = 0
         self._remaining = 0  # payload bytes still to come in the current frame
 
+    @property
+    def exit_status(self) -> int | None:
+        if self._out.status is None or self._err.status is None:
+            return None
+        return self._err.status
+
     def finish(self) -> None:
-        """End of stream without a trailer: what was held back is ordinary stderr."""
-        self.stderr.append(self._held)
-        self._held = b""
+        """End of stream without both trailers: whatever was held back is ordinary output."""
+        self._out.finish()
+        self._err.finish()
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
         while view and self.exit_status is None:
             if self._remaining:
                 take = min(self._remaining, len(view))
-                if self._stream == STDOUT:
-                    self.stdout.append(view[:take])
-                else:
-                    self._hold_stderr(view[:take])
+                # Anything not stdout (stdin echo cannot occur without a tty) counts as stderr, never dropped.
+                (self._out if self._stream == STDOUT else self._err).append(view[:take])
                 self._remaining -= take
                 view = view[take:]
                 continue
@@ -74,18 +108,3 @@ class AttachDemuxer:
             if len(self._header) == FRAME_HEADER.size:
                 self._stream, self._remaining = FRAME_HEADER.unpack(self._header)
                 self._header = b""
-
-    def _hold_stderr(self, data: memoryview) -> None:
-        # Anything not stdout (stdin echo cannot occur without a tty) counts as stderr, never dropped.
-        if len(data) >= TRAILER_SIZE:
-            self.stderr.append(self._held)
-            self.stderr.append(data[: len(data) - TRAILER_SIZE])
-            self._held = bytes(data[len(data) - TRAILER_SIZE :])
-        else:
-            combined = self._held + bytes(data)
-            self.stderr.append(combined[: max(0, len(combined) - TRAILER_SIZE)])
-            self._held = combined[-TRAILER_SIZE:]
-        status = parse_trailer(self._held, self._nonce)
-        if status is not None:
-            self.exit_status = status
-            self._held = b""

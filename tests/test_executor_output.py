@@ -46,17 +46,19 @@ def test_demux_keeps_exactly_the_first_cap_bytes_of_each_stream(
 @given(frames=frames_strategy, cuts=st.lists(st.integers(min_value=0), max_size=30))
 def test_trailer_gives_the_status_and_never_reaches_stderr(frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
     demux = AttachDemuxer(10_000, 10_000, nonce=NONCE)
-    stream = b"".join(frame(s, p) for s, p in frames) + frame(2, TRAILER)
-    feed_in_pieces(demux, stream + frame(1, b"after the end"), cuts)
+    stream = b"".join(frame(s, p) for s, p in frames) + frame(2, TRAILER) + frame(1, TRAILER)
+    feed_in_pieces(demux, stream + frame(1, b"after the end") + frame(2, b"after"), cuts)
     assert demux.exit_status == 42
     assert demux.stdout.text() == b"".join(p for s, p in frames if s == 1).decode("utf-8", errors="replace")
     assert demux.stderr.text() == b"".join(p for s, p in frames if s == 2).decode("utf-8", errors="replace")
 
 
-def test_trailer_in_the_same_frame_as_the_last_stderr_bytes() -> None:
+def test_trailer_in_the_same_frame_as_the_last_output_bytes() -> None:
     demux = AttachDemuxer(100, 100, nonce=NONCE)
     demux.feed(frame(2, b"Traceback...\n" + TRAILER))
-    assert (demux.exit_status, demux.stderr.text()) == (42, "Traceback...\n")
+    assert demux.exit_status is None  # stdout may still be in flight
+    demux.feed(frame(1, b"partial" + TRAILER))
+    assert (demux.exit_status, demux.stderr.text(), demux.stdout.text()) == (42, "Traceback...\n", "partial")
 
 
 def test_a_trailer_with_another_nonce_is_ordinary_output() -> None:
@@ -71,7 +73,7 @@ def test_a_trailer_with_another_nonce_is_ordinary_output() -> None:
 def test_trailer_is_found_even_when_stderr_is_far_over_its_cap() -> None:
     demux = AttachDemuxer(10, 10, nonce=NONCE)
     demux.feed(frame(2, b"x" * 100_000))
-    demux.feed(frame(2, TRAILER))
+    demux.feed(frame(1, TRAILER) + frame(2, TRAILER))
     assert demux.exit_status == 42
     assert (demux.stderr.text(), demux.stderr.truncated) == ("x" * 10, True)
 

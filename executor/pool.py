@@ -8,6 +8,7 @@ that crashed can sweep what it left (`sweep_leftovers`) at its next start-up.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import structlog
 import trio
@@ -31,6 +32,8 @@ class WarmPool:
         self.size = size
         self._ready: deque[StartedContainer] = deque()
         self._refill_wanted = trio.Event()
+        self._refill_scope: trio.CancelScope | None = None
+        self._refill_stopped = trio.Event()
 
     @property
     def ready(self) -> int:
@@ -54,8 +57,17 @@ class WarmPool:
             self._discard(container)
         return None
 
-    async def keep_filled(self) -> None:
-        """Refill forever, one container at a time. Runs in the owner's nursery until cancelled."""
+    # task_status is Any: the stale trio-stubs package (via libp2p) has no trio.TaskStatus.
+    async def keep_filled(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Refill, one container at a time, in the owner's nursery until `close()`. Use with `nursery.start`."""
+        try:
+            with trio.CancelScope() as self._refill_scope:
+                task_status.started()
+                await self._refill_forever()
+        finally:
+            self._refill_stopped.set()
+
+    async def _refill_forever(self) -> None:
         retry_s = RETRY_FIRST_S
         while True:
             while len(self._ready) < self.size:
@@ -75,8 +87,12 @@ class WarmPool:
             await self._refill_wanted.wait()
 
     async def close(self) -> None:
-        """Remove every idle container now (shielded: this runs while the owner shuts down)."""
+        """Stop refilling, then remove every idle container (shielded: this runs while the owner shuts down)."""
         with trio.CancelScope(shield=True):
+            if self._refill_scope is not None:
+                # A container being started right now lands in the pool first, then goes with the rest.
+                self._refill_scope.cancel()
+                await self._refill_stopped.wait()
             async with trio.open_nursery() as nursery:
                 while self._ready:
                     container = self._ready.popleft()

@@ -19,7 +19,7 @@ for pending removals.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -88,18 +88,16 @@ class Executor:
             size = policy.pool_size if pool_size is None else pool_size
             warm = WarmPool(sandbox, limits=policy.pool_limits, size=size)
             executor = cls(policy, sandbox, warm)
-            refill = trio.CancelScope()
             if warm.size:
                 with trio.CancelScope(shield=True):
                     await warm.sweep_leftovers()
-                nursery.start_soon(_run_in_scope, refill, warm.keep_filled)
+                await nursery.start(warm.keep_filled)
             try:
                 yield executor
             finally:
                 with trio.CancelScope(shield=True):
                     executor._closing = True
                     executor.abort_all()
-                    refill.cancel()
                     await warm.close()
             # The nursery now waits for the removals still pending.
 
@@ -180,11 +178,6 @@ async def run_code(
     """One run through a short-lived executor without a pool: for one-off CLI use."""
     async with Executor.open(policy, node_label=f"oneoff-{uuid.uuid4().hex[:12]}", pool_size=0) as executor:
         return await executor.run_code(request, sandbox=sandbox, origin=origin)
-
-
-async def _run_in_scope(scope: trio.CancelScope, task: Callable[[], Awaitable[None]]) -> None:
-    with scope:
-        await task()
 
 
 def _aborted(duration_ms: int) -> ExecResult:

@@ -1,0 +1,233 @@
+"""The Executor's decisions: refusals that start nothing, admission (busy), pooled vs cold, sweeping."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import replace
+from typing import Any
+
+import docker
+import pytest
+import trio
+
+from executor.contract import SANDBOX_REQUIRED, ErrorKind, ExecRequest, ExecResult, Limits
+from executor.policy import ExecutorPolicy
+from executor.runner import Executor
+from executor.sandbox import DockerSandbox
+from tests.conftest import containers_of
+
+POLICY = ExecutorPolicy(pool_size=0)
+
+
+class ProcessSpy:
+    """Counts every way this process could start another one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for owner, name in [
+            (trio.lowlevel, "open_process"),
+            (trio, "run_process"),
+            (subprocess, "Popen"),
+            (os, "fork"),
+            (os, "posix_spawn"),
+            (os, "posix_spawnp"),
+            (os, "execv"),
+            (os, "system"),
+        ]:
+            monkeypatch.setattr(owner, name, self._spy(f"{owner.__name__}.{name}"))
+
+    def _spy(self, what: str) -> Any:
+        def called(*args: Any, **kwargs: Any) -> None:
+            self.calls.append(what)
+            raise AssertionError(f"{what} was called")
+
+        return called
+
+
+@pytest.mark.docker
+async def test_remote_host_run_is_refused_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch, docker_api: docker.APIClient, node_label: str
+) -> None:
+    async with Executor.open(POLICY, node_label=node_label) as ex:
+        before = docker_api.containers(all=True)
+        spy = ProcessSpy(monkeypatch)
+        starts: list[Any] = []
+        monkeypatch.setattr(ex.sandbox, "start", lambda *a, **k: starts.append(a))
+        result = await ex.run_code(ExecRequest("python", "print('hi')"), sandbox="host")
+        after = docker_api.containers(all=True)
+    assert result == ExecResult(
+        ok=False,
+        stderr=SANDBOX_REQUIRED,
+        exit_code=None,
+        queue_for_cloud=True,
+        queue_reason=SANDBOX_REQUIRED,
+        error_kind=ErrorKind.SANDBOX_VIOLATION,
+    )
+    assert result.to_json()["queueReason"] == "sandbox_required_for_remote_task"
+    assert spy.calls == [] and starts == []
+    assert {c["Id"] for c in after} <= {c["Id"] for c in before}
+
+
+async def test_remote_is_the_default_origin_and_docker_the_default_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with Executor.open(POLICY, node_label="defaults", docker_base_url="unix:///nonexistent.sock") as ex:
+        spy = ProcessSpy(monkeypatch)
+        refused = await ex.run_code(ExecRequest("python", "print(1)"), sandbox="host")
+        assert refused.queue_reason == SANDBOX_REQUIRED and spy.calls == []
+        # Default sandbox is docker: with no daemon this is sandbox_unavailable, never a host process.
+        default = await ex.run_code(ExecRequest("python", "print(1)"))
+        assert (default.error_kind, default.queue_reason) == (ErrorKind.SANDBOX_VIOLATION, "sandbox_unavailable")
+        assert spy.calls == []
+
+
+async def test_local_host_run_is_allowed() -> None:
+    async with Executor.open(POLICY, node_label="local-host", docker_base_url="unix:///nonexistent.sock") as ex:
+        result = await ex.run_code(ExecRequest("python", "print(6 * 7)"), sandbox="host", origin="local")
+    assert (result.ok, result.stdout) == (True, "42\n")
+
+
+@pytest.mark.docker
+async def test_outside_subset_is_refused_before_any_container(
+    docker_api: docker.APIClient, node_label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Executor.open(POLICY, node_label=node_label) as ex:
+        starts: list[Any] = []
+        monkeypatch.setattr(ex.sandbox, "start", lambda *a, **k: starts.append(a))
+        result = await ex.run_code(ExecRequest("python", "import socket\nsocket.socket()"))
+        js = await ex.run_code(ExecRequest("javascript", "require('child_process').execSync('id')"))
+    assert (result.ok, result.error_kind, result.queue_reason) == (False, ErrorKind.SANDBOX_VIOLATION, "outside_subset")
+    assert result.stderr == "outside_subset: import socket (line 1)"
+    assert js.queue_reason == "outside_subset" and "child_process" in js.stderr
+    assert starts == []
+    assert containers_of(docker_api, node_label) == []
+
+
+async def test_subset_check_does_not_apply_to_local_runs() -> None:
+    async with Executor.open(POLICY, node_label="local-subset", docker_base_url="unix:///nonexistent.sock") as ex:
+        result = await ex.run_code(
+            ExecRequest("python", "import subprocess\nprint('local')"), sandbox="host", origin="local"
+        )
+    assert (result.ok, result.stdout) == (True, "local\n")
+
+
+@pytest.mark.docker
+async def test_busy_when_slots_and_queue_are_full(docker_api: docker.APIClient, node_label: str) -> None:
+    policy = replace(POLICY, max_concurrent=1, max_waiting=1)
+    sleeper = ExecRequest("python", "import time\ntime.sleep(1.5)\nprint('slept')")
+    results: list[ExecResult] = []
+    async with Executor.open(policy, node_label=node_label) as ex:
+
+        async def run() -> None:
+            results.append(await ex.run_code(sleeper))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await wait_until(lambda: ex.stats().runs_in_flight == 1)
+            nursery.start_soon(run)
+            await wait_until(lambda: ex.stats().waiting == 1)
+            assert ex.stats().free_slots == 0
+            began = time.monotonic()
+            busy = await ex.run_code(ExecRequest("python", "print(1)"))
+            assert time.monotonic() - began < 0.1
+    assert (busy.ok, busy.queue_reason, busy.queue_for_cloud) == (False, "busy", True)
+    assert [r.stdout for r in results] == ["slept\n", "slept\n"]
+    assert containers_of(docker_api, node_label) == []
+
+
+TASKS = [
+    ("python", "import json, sys\nd = json.load(sys.stdin)\nprint(sum(d['xs']))", {"xs": [1, 2, 3]}),
+    ("python", "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)", None),
+    ("python", "raise ValueError('boom')", None),
+    ("python", "print('\u00e9\u2603' * 3)", None),
+    (
+        "javascript",
+        "let s='';process.stdin.on('data',c=>s+=c).on('end',()=>console.log(JSON.parse(s).xs.length))",
+        {"xs": [1, 2]},
+    ),
+    ("javascript", "console.error('bad'); process.exit(4)", None),
+    ("javascript", "throw new Error('boom')", None),
+]
+
+
+def comparable(result: ExecResult) -> tuple[Any, ...]:
+    return (result.ok, result.stdout, result.stderr, result.exit_code, result.error_kind, result.queue_reason)
+
+
+@pytest.mark.docker
+async def test_pooled_and_cold_runs_give_identical_results(docker_api: docker.APIClient, node_label: str) -> None:
+    policy = ExecutorPolicy(subset_check=False, pool_size=2)
+    requests = [ExecRequest(lang, code, data) for lang, code, data in TASKS]  # type: ignore[arg-type]
+    roles: list[str] = []
+    async with Executor.open(policy, node_label=node_label) as ex:
+        real_start = ex.sandbox.start
+
+        async def recording_start(limits: Limits, *, role: str) -> Any:
+            roles.append(role)
+            return await real_start(limits, role=role)
+
+        ex.sandbox.start = recording_start  # type: ignore[method-assign]
+        pooled = []
+        for request in requests:
+            await wait_until(lambda: ex.stats().pool_ready >= 1)
+            pooled.append(await ex.run_code(request))
+    async with Executor.open(replace(policy, pool_size=0), node_label=node_label) as ex:
+        cold = [await ex.run_code(request) for request in requests]
+    assert "cold" not in roles  # every pooled run really used a pre-started container
+    assert [comparable(r) for r in pooled] == [comparable(r) for r in cold]
+    assert pooled[0].stdout == "6\n" and pooled[1].exit_code == 3 and pooled[5].stderr == "bad\n"
+    assert containers_of(docker_api, node_label) == []
+
+
+@pytest.mark.docker
+async def test_pool_is_refilled_and_emptied_on_close(docker_api: docker.APIClient, node_label: str) -> None:
+    async with Executor.open(ExecutorPolicy(pool_size=2), node_label=node_label) as ex:
+        await wait_until(lambda: ex.stats().pool_ready == 2)
+        assert len(containers_of(docker_api, node_label)) == 2
+        await ex.run_code(ExecRequest("python", "print(1)"))
+        await wait_until(lambda: ex.stats().pool_ready == 2)
+    assert containers_of(docker_api, node_label) == []
+
+
+@pytest.mark.docker
+async def test_limits_other_than_the_pools_run_cold(docker_api: docker.APIClient, node_label: str) -> None:
+    async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
+        await wait_until(lambda: ex.stats().pool_ready == 1)
+        code = "print(open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read())"
+        result = await ex.run_code(ExecRequest("python", code, None, Limits(2000, 96, 0.5)))
+        assert ex.stats().pool_ready == 1
+    assert result.stdout.strip() == str(96 << 20)
+
+
+@pytest.mark.docker
+async def test_startup_sweeps_this_nodes_leftovers_only(docker_api: docker.APIClient, node_label: str) -> None:
+    other = node_label + "-other"
+    try:
+        # Leftovers of a "crashed" run of this node, and one of another node.
+        for label in (node_label, other):
+            sandbox = DockerSandbox(POLICY, node_label=label)
+            started = await sandbox.start(POLICY.pool_limits, role="pool")
+            started.stream.socket.close()
+        async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
+            assert ex.stats().pool_ready == 0  # the sweep ran before the pool filled
+            await wait_until(lambda: ex.stats().pool_ready == 1)
+            mine = containers_of(docker_api, node_label)
+            assert len(mine) == 1 and mine[0]["Labels"]["edgecoder.role"] == "pool"
+        assert len(containers_of(docker_api, other)) == 1
+    finally:
+        for container in containers_of(docker_api, other):
+            docker_api.remove_container(container["Id"], force=True)
+
+
+async def test_unknown_language_and_non_json_input_are_results_not_exceptions() -> None:
+    async with Executor.open(POLICY, node_label="bad-input", docker_base_url="unix:///nonexistent.sock") as ex:
+        language = await ex.run_code(ExecRequest("ruby", "puts 1"))  # type: ignore[arg-type]
+        data = await ex.run_code(ExecRequest("python", "print(1)", {1, 2}), sandbox="host", origin="local")
+    assert language.error_kind is ErrorKind.EXECUTION_FAILED and "ruby" in language.stderr
+    assert data.error_kind is ErrorKind.EXECUTION_FAILED and "JSON" in data.stderr
+
+
+async def wait_until(condition: Any, timeout_s: float = 15.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not condition():
+            await trio.sleep(0.02)

@@ -224,7 +224,9 @@ class DockerSandbox:
             with trio.CancelScope(shield=True):
                 await self._kill(container_id)
             log.warning("sandbox.lost", container=container_id[:12], error=repr(exc))
-            return _unavailable(f"lost the container mid-run: {exc!r}", started_at)
+            output.finish()
+            partial = _unavailable(f"lost the container mid-run: {exc!r}", started_at)
+            return partial.replace(stdout=output.stdout.text(), stdout_truncated=output.stdout.truncated)
         finally:
             started.stream.socket.close()
             await self.dispose(container_id)

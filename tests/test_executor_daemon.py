@@ -1,0 +1,170 @@
+"""When the daemon is missing, goes away mid-run, or the image is wrong: results, never hangs or exceptions.
+
+The machine's real dockerd is shared, so "the daemon goes away" is simulated with a relay socket between the
+sandbox and /var/run/docker.sock that the test cuts.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import tarfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+import trio
+
+from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits
+from executor.policy import ExecutorPolicy
+from executor.runner import Executor
+from tests.conftest import containers_of
+
+POLICY = ExecutorPolicy(subset_check=False, pool_size=0)
+REAL_SOCKET = "/var/run/docker.sock"
+
+
+class DaemonRelay:
+    """A unix socket that relays to the real daemon until `cut()` closes everything at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(16)
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(REAL_SOCKET)
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            for sock in [self._listener, *self._sockets]:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("pool_size", [0, 1])
+async def test_daemon_vanishing_mid_run_gives_a_result_and_nothing_hangs(
+    docker_api: docker.APIClient, node_label: str, tmp_path: Path, pool_size: int
+) -> None:
+    relay = DaemonRelay(tmp_path / "docker.sock")
+    results: list[ExecResult] = []
+    began = time.monotonic()
+    with trio.fail_after(20):
+        async with Executor.open(POLICY, node_label=node_label, docker_base_url=relay.url, pool_size=pool_size) as ex:
+
+            async def long_run() -> None:
+                request = ExecRequest("python", "import time\nprint('started', flush=True)\ntime.sleep(30)")
+                results.append(await ex.run_code(request))
+
+            async with trio.open_nursery() as nursery:
+                if pool_size:
+                    await wait_until(lambda: ex.stats().pool_ready == 1)
+                nursery.start_soon(long_run)
+                await wait_until(lambda: ex.stats().runs_in_flight == 1)
+                await trio.sleep(1.0)
+                relay.cut()
+            after = await ex.run_code(ExecRequest("python", "print(1)"))
+    assert time.monotonic() - began < 15
+    [lost] = results
+    assert lost.error_kind in (ErrorKind.SANDBOX_VIOLATION, ErrorKind.ABORTED)
+    assert lost.queue_for_cloud is True
+    assert (after.error_kind, after.queue_reason) == (ErrorKind.SANDBOX_VIOLATION, "sandbox_unavailable")
+    # The node could not clean up through a dead daemon; its next start-up sweep (here, the fixture) will.
+    for container in containers_of(docker_api, node_label):
+        docker_api.remove_container(container["Id"], force=True)
+
+
+async def test_no_daemon_at_all_is_sandbox_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
+    began = time.monotonic()
+    async with Executor.open(POLICY, node_label="no-daemon", pool_size=1) as ex:
+        health = await ex.health()
+        result = await ex.run_code(ExecRequest("python", "print(1)"))
+        canary = await ex.canary()
+    assert time.monotonic() - began < 5
+    assert (health.ok, health.reason) == (False, "daemon_unreachable")
+    assert (result.ok, result.error_kind, result.queue_reason, result.queue_for_cloud) == (
+        False,
+        ErrorKind.SANDBOX_VIOLATION,
+        "sandbox_unavailable",
+        True,
+    )
+    assert "daemon" in result.stderr
+    assert not canary.ok
+
+
+@pytest.mark.docker
+async def test_missing_image_is_sandbox_unavailable(docker_api: docker.APIClient, node_label: str) -> None:
+    policy = ExecutorPolicy(image=f"edgecoder-absent:{uuid.uuid4().hex[:8]}", pool_size=0)
+    async with Executor.open(policy, node_label=node_label) as ex:
+        health = await ex.health()
+        result = await ex.run_code(ExecRequest("python", "print(1)"))
+    assert (health.ok, health.reason) == (False, "image_missing")
+    assert (result.error_kind, result.queue_reason) == (ErrorKind.SANDBOX_VIOLATION, "sandbox_unavailable")
+    assert containers_of(docker_api, node_label) == []
+
+
+@pytest.mark.docker
+async def test_image_running_as_root_is_refused(docker_api: docker.APIClient, node_label: str) -> None:
+    tag = f"edgecoder-root-test:{uuid.uuid4().hex[:8]}"
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("marker")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    docker_api.import_image_from_data(archive.getvalue(), repository=tag)  # no USER: root
+    try:
+        async with Executor.open(ExecutorPolicy(image=tag, pool_size=0), node_label=node_label) as ex:
+            health = await ex.health()
+            result = await ex.run_code(ExecRequest("python", "print(1)", limits=Limits()))
+    finally:
+        docker_api.remove_image(tag, force=True)
+    assert (health.ok, health.reason) == (False, "image_user")
+    assert (result.error_kind, result.queue_reason) == (ErrorKind.SANDBOX_VIOLATION, "sandbox_unavailable")
+    assert containers_of(docker_api, node_label) == []
+
+
+async def wait_until(condition: object, timeout_s: float = 10.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not condition():  # type: ignore[operator]
+            await trio.sleep(0.02)

@@ -174,11 +174,13 @@ class DockerSandbox:
         payload = encode_request(request, self.policy, nonce)
         if isinstance(payload, ExecResult):
             return payload
-        health = await self.ensure_ready()
-        if not health.ok:
-            return _unavailable(f"{health.reason}: {health.detail}", started_at)
+        # A pooled container passed the health check when it was made (the pool checks before each start),
+        # so the hot path asks the daemon nothing before the task is sent.
         started = source.take(limits) if source is not None else None
         if started is None:
+            health = await self.ensure_ready()
+            if not health.ok:
+                return _unavailable(f"{health.reason}: {health.detail}", started_at)
             try:
                 started = await self.start(limits, role="cold")
             except SandboxUnavailable as exc:

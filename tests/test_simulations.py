@@ -1,0 +1,75 @@
+"""Each simulation's quick mode at small N, asserting the properties the reports claim."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from simulations.registry import scenario
+from simulations.scenario import Options, quiet_logs
+
+
+def run_quick(name: str, tmp_path: Path, nodes: int | None = None) -> dict[str, Any]:
+    quiet_logs()
+    report, figures = trio.run(scenario(name), Options(quick=True, nodes=nodes, out=tmp_path))
+    path = report.write()
+    assert path.exists() and path.read_text().startswith("# ")
+    assert report.figures and all(p.exists() and p.stat().st_size > 1000 for p in report.figures)
+    return figures
+
+
+def test_scaling_delivers_every_offer_to_every_listener_without_faults(tmp_path: Path) -> None:
+    figures = run_quick("scaling", tmp_path, nodes=6)
+    assert all(row["delivery_ratio"] == 1.0 for row in figures["rows"])
+
+
+def test_model_runs_from_the_calibration(tmp_path: Path) -> None:
+    figures = run_quick("model", tmp_path)
+    assert all(row["delivery_ratio"] > 0.99 for row in figures["rows"])
+
+
+@pytest.mark.docker
+def test_storm_runs_each_offer_exactly_once(tmp_path: Path) -> None:
+    figures = run_quick("storm", tmp_path)
+    assert figures["duplicate_runs"] == 0
+    assert figures["delivery_ratio"] == 1.0
+    assert figures["completion_rate"] == 1.0
+
+
+@pytest.mark.docker
+def test_none_nodes_hear_claim_and_run_nothing(tmp_path: Path) -> None:
+    figures = run_quick("none-nodes", tmp_path)
+    assert figures["none_ran"] == figures["none_admitted"] == figures["none_reached"] == 0
+    assert figures["none_subscribed"] == 0
+    assert figures["completion_rate"] == 1.0 and figures["duplicate_runs"] == 0
+
+
+@pytest.mark.docker
+def test_forged_and_replayed_offers_are_all_rejected(tmp_path: Path) -> None:
+    figures = run_quick("hostile", tmp_path)
+    assert figures["forged_reached"] == 0 and figures["forged_ran"] == 0
+    assert set(figures["replays_direct"]) == {"replayed"}
+    assert figures["duplicate_runs"] == 0 and figures["completion_rate"] == 1.0
+
+
+@pytest.mark.docker
+def test_withdrawn_runners_run_nothing_and_rejoin(tmp_path: Path) -> None:
+    figures = run_quick("docker-outage", tmp_path)
+    assert figures["runs_while_withdrawn"] == 0
+    assert figures["withdrawn_seconds"] > 0 and figures["rejoined"]
+    assert figures["duplicate_runs"] == 0 and figures["completion_rate"] == 1.0
+
+
+@pytest.mark.docker
+def test_churn_keeps_runs_unique(tmp_path: Path) -> None:
+    figures = run_quick("churn", tmp_path)
+    assert figures["duplicate_runs"] == 0 and figures["restarted"] == 3
+
+
+@pytest.mark.docker
+def test_ble_cluster_runs_each_laptop_offer_once(tmp_path: Path) -> None:
+    figures = run_quick("ble", tmp_path)
+    assert figures["duplicate_runs"] == 0 and figures["completion_rate"] == 1.0

@@ -44,13 +44,14 @@ from executor.subset import check_subset
 
 @dataclass(frozen=True, slots=True)
 class ExecutorStats:
-    """For metrics: containers ready in the pool, runs holding a slot, runs waiting for one."""
+    """For metrics: containers ready in the pool, runs holding a slot, runs waiting for one, removals pending."""
 
     pool_ready: int
     pool_size: int
     runs_in_flight: int
     waiting: int
     max_concurrent: int
+    pending_removals: int = 0
 
     @property
     def free_slots(self) -> int:
@@ -165,6 +166,7 @@ class Executor:
             runs_in_flight=self._in_flight,
             waiting=self._waiting,
             max_concurrent=self.policy.max_concurrent,
+            pending_removals=self.sandbox.pending_removals,
         )
 
 

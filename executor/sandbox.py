@@ -119,6 +119,7 @@ class DockerSandbox:
         self._api: docker.APIClient | None = None
         self._api_lock = threading.Lock()
         self._healthy_until = -math.inf
+        self.pending_removals = 0
 
     # -- health ---------------------------------------------------------------------------------------------
 
@@ -261,11 +262,14 @@ class DockerSandbox:
         return await trio.to_thread.run_sync(self._remove_labelled_blocking, labels)
 
     async def _remove(self, container_id: str) -> None:
+        self.pending_removals += 1
         try:
             await trio.to_thread.run_sync(self._remove_blocking, container_id)
         except DOCKER_ERRORS as exc:
             # Left for the labelled sweep at the next start-up.
             log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))
+        finally:
+            self.pending_removals -= 1
 
     async def _kill(self, container_id: str) -> None:
         try:

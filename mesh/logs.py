@@ -27,5 +27,5 @@ def configure(*, json_lines: bool = False, level: int = logging.INFO) -> None:
     )
     # libp2p logs expected noise at shutdown (unclosed sockets, multiselect errors): keep it out of the way.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for noisy in ("libp2p", "multiaddr", "async_service"):
+    for noisy in ("libp2p", "multiaddr", "async_service", "bumble"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)

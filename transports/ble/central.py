@@ -98,6 +98,8 @@ class OfferSession:
         self.granted = False
         self.result_delivered = False
         self.replied = asyncio.Event()  # set when a reply was attempted, delivered or not
+        # Set once the node is done with this link: its claim was refused or failed, or its reply was attempted.
+        self.settled = asyncio.Event()
         self.fault: BleFault | None = None
         self._lock = asyncio.Lock()  # one exchange at a time on the EXCHANGE characteristic
 
@@ -118,9 +120,11 @@ class OfferSession:
             )
         except BleFault as fault:
             self.fault = fault
+            self.settled.set()
             return False
         if not answer.ok:
             self.fault = BleFault(BleReason.CLAIM_REFUSED, answer.detail)
+            self.settled.set()
         self.granted = answer.ok
         return answer.ok
 
@@ -138,6 +142,7 @@ class OfferSession:
             raise
         finally:
             self.replied.set()
+            self.settled.set()
 
 
 class BleCentral:
@@ -257,13 +262,14 @@ class BleCentral:
             offer = await offers.next_message(policy.idle_timeout_s, policy.transfer_timeout_s)
             session = OfferSession(link, exchange, offer, self.claimant, policy)
             verdict = await self.port.deliver(offer, device.address, session.claim, session.reply)
-            if isinstance(verdict, Admitted) and session.granted:
-                # The node may run the task after `deliver` returns: hold the link until it replies.
+            if isinstance(verdict, Admitted):
+                # An admitted offer waits in the intake's queue; a worker claims and runs it after `deliver`
+                # returns. Hold the link until the node is done with it: claim refused, or reply attempted.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(session.replied.wait(), policy.result_timeout_s)
+                    await asyncio.wait_for(session.settled.wait(), policy.result_timeout_s)
             fault: Rejection | None = session.fault.to_rejection() if session.fault else None
-            if fault is None and session.granted and not session.replied.is_set():
-                fault = BleFault(BleReason.TIMEOUT, "the node did not reply in time").to_rejection()
+            if fault is None and isinstance(verdict, Admitted) and not session.settled.is_set():
+                fault = BleFault(BleReason.TIMEOUT, "the node did not claim and reply in time").to_rejection()
             return SessionOutcome(
                 device.address, peer.peer_id, verdict, fault, session.granted, session.result_delivered
             )

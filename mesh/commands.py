@@ -1,0 +1,160 @@
+"""The async bodies of the CLI commands, kept apart from argument parsing so tests can call them directly."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import trio
+
+from executor.contract import ExecRequest, ExecResult, Limits
+from executor.policy import ExecutorPolicy
+from mesh.gate import SandboxMode
+from mesh.identity import NodeIdentity
+from mesh.node import MeshNode, NodeConfig, OfferOutcome
+
+log = structlog.get_logger("edgecoder.cli")
+
+
+@dataclass
+class NodeOptions:
+    identity: NodeIdentity
+    listen: list[str]
+    peers: list[str]
+    sandbox_mode: SandboxMode
+    metrics_port: int | None = None
+    coordinator: str | None = None
+    ble: bool = False
+    ble_sim: bool = False
+
+
+async def run_node(options: NodeOptions) -> None:
+    """Run until SIGINT or SIGTERM, then shut down cleanly: runs are aborted and no container is left behind."""
+    config = NodeConfig(
+        identity=options.identity, listen=options.listen, peers=options.peers, sandbox_mode=options.sandbox_mode
+    )
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with contextlib.AsyncExitStack() as stack, MeshNode.open(config) as node, trio.open_nursery() as nursery:
+            if options.metrics_port is not None:
+                from mesh.metrics_server import serve_metrics
+
+                await nursery.start(serve_metrics, node.metrics, options.metrics_port)
+            if options.coordinator:
+                from transports.coordinator import CoordinatorPullTransport
+
+                puller = CoordinatorPullTransport(
+                    options.coordinator, options.identity, node.intake, lambda: node.gate.reported_mode
+                )
+                nursery.start_soon(puller.run)
+            if options.ble:
+                radio = None
+                if options.ble_sim:
+                    from transports.ble.sim import open_simulated_radio
+
+                    # The simulated radio lives in this process: tests, the demo and simulations add offering
+                    # peers to it. On a laptop, leave --ble-sim off and bleak uses BlueZ.
+                    radio = await stack.enter_async_context(open_simulated_radio())
+                await nursery.start(node.run_ble, radio)
+            print(
+                json.dumps(
+                    {
+                        "event": "ready",
+                        "peerId": node.peer_id,
+                        "addrs": node.addrs,
+                        "sandboxMode": node.gate.reported_mode,
+                        "reason": node.gate.status.reason,
+                    }
+                ),
+                flush=True,
+            )
+            async for signum in signals:
+                log.info("shutting down", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+    print(json.dumps({"event": "stopped"}), flush=True)
+
+
+@dataclass
+class OfferOptions:
+    identity: NodeIdentity
+    to: str | None
+    peers: list[str]
+    language: str
+    code: str
+    input: Any
+    limits: Limits
+    sandbox: str
+    wait_s: float
+
+
+async def run_offer(options: OfferOptions) -> OfferOutcome:
+    """An offering node takes no work itself (`sandboxMode: none`): it only sends and verifies."""
+    config = NodeConfig(identity=options.identity, peers=options.peers, sandbox_mode="none")
+    async with MeshNode.open(config) as node:
+        raw = node.make_offer(
+            language=options.language,
+            code=options.code,
+            input=options.input,
+            limits=options.limits,
+            sandbox=options.sandbox,
+            ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
+        )
+        if options.to is not None:
+            with trio.move_on_after(options.wait_s + 5):
+                return await node.offer_direct(options.to, raw)
+            from mesh.reasons import Reason, Rejection
+
+            return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, "no answer from the node"))
+        await node.wait_for_runner(timeout=min(10.0, options.wait_s))
+        return await node.offer_gossip(raw, timeout=options.wait_s)
+
+
+async def run_local(
+    language: str, code: str, input: Any, limits: Limits, sandbox: str, subset_check: bool
+) -> ExecResult:
+    """The local user's run (origin local): host execution is allowed here, and only here."""
+    from executor.runner import run_code
+
+    policy = ExecutorPolicy.from_env()
+    if not subset_check:
+        from dataclasses import replace
+
+        policy = replace(policy, subset_check=False)
+    request = ExecRequest(language=language, code=code, input=input, limits=limits)  # type: ignore[arg-type]
+    return await run_code(request, sandbox=sandbox, origin="local", policy=policy)  # type: ignore[arg-type]
+
+
+async def run_doctor() -> dict[str, Any]:
+    """Whether this machine can sandbox, check by check, with the reason when it cannot."""
+    from mesh.gate import sandbox_mode_from_env
+
+    checks: list[dict[str, Any]] = []
+    try:
+        mode = sandbox_mode_from_env()
+    except ValueError as exc:
+        return {"ok": False, "checks": [{"name": "SANDBOX_MODE", "ok": False, "detail": str(exc)}]}
+    checks.append({"name": "SANDBOX_MODE", "ok": mode == "docker", "detail": mode})
+    if mode == "docker":
+        from executor.runner import Executor
+
+        policy = ExecutorPolicy.from_env()
+        async with Executor.open(policy, node_label="doctor", pool_size=0) as executor:
+            health = await executor.health()
+            checks.append(
+                {"name": "docker daemon and image", "ok": health.ok, "detail": health.detail or health.reason}
+            )
+            if health.ok:
+                canary = await executor.canary()
+                checks.append(
+                    {
+                        "name": "canary run (network none, read-only root, uid 65534)",
+                        "ok": canary.ok,
+                        "detail": canary.detail or canary.reason,
+                    }
+                )
+    ok = all(c["ok"] for c in checks)
+    return {"ok": ok, "sandboxMode": "docker" if ok else "none", "checks": checks}

@@ -1,0 +1,183 @@
+"""`edgecoder demo`: a small mesh on loopback in one process, running real signed offers in Docker.
+
+It shows the four things a user should see: a gossip offer claimed and run exactly once, a direct offer, a BLE offer
+from a simulated nearby laptop, and what the mesh refuses (a node without a sandbox, host execution, a tampered
+offer), each with its reason code and timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from executor.contract import Limits
+from mesh.identity import NodeIdentity
+from mesh.node import MeshNode, NodeConfig, OfferOutcome
+from mesh.offers import TaskOffer, TaskResult, parse_offer
+
+SUM_PY = "import json, sys\nxs = json.load(sys.stdin)['xs']\nprint(f'sum of {len(xs)} numbers = {sum(xs)}')\n"
+FIB_JS = (
+    "let text = '';\n"
+    "process.stdin.on('data', (chunk) => { text += chunk; });\n"
+    "process.stdin.on('end', () => {\n"
+    "  const n = JSON.parse(text).n;\n"
+    "  let [a, b] = [0n, 1n];\n"
+    "  for (let i = 0; i < n; i++) [a, b] = [b, a + b];\n"
+    "  console.log(`fib(${n}) = ${a}`);\n"
+    "});\n"
+)
+WHOAMI_PY = "import os\nprint('uid', os.getuid(), 'interfaces', sorted(os.listdir('/sys/class/net')))\n"
+
+
+def _short(peer_id: str) -> str:
+    return f"{peer_id[:8]}…{peer_id[-4:]}"
+
+
+def _line(title: str, outcome: OfferOutcome, elapsed_ms: float, names: dict[bytes, str]) -> None:
+    if outcome.result is not None:
+        r = outcome.result.result
+        who = names.get(outcome.result.executor, _short(outcome.result.executor.hex()))
+        status = "ok" if r.ok else f"FAILED ({r.error_kind})"
+        text = (r.stdout or r.stderr).strip().replace("\n", " | ")
+        print(f"  {title:<34} {status:<8} by {who:<9} run {r.duration_ms:>4} ms, end to end {elapsed_ms:>5.0f} ms")
+        print(f"  {'':<34} └ {text[:100]}")
+    else:
+        assert outcome.refusal is not None
+        print(f"  {title:<34} refused  {outcome.refusal.reason}: {outcome.refusal.detail}")
+
+
+async def _timed(fn: Callable[[], Awaitable[OfferOutcome]]) -> tuple[OfferOutcome, float]:
+    start = time.perf_counter()
+    outcome = await fn()
+    return outcome, (time.perf_counter() - start) * 1000
+
+
+async def run_demo(runners: int = 3, ble: bool = True) -> int:
+    """Returns the process exit code: 0 when every expectation of the demo held."""
+    from mesh.commands import run_doctor
+
+    report = await run_doctor()
+    if not report["ok"]:
+        print("This machine cannot sandbox, so the demo cannot run real offers:")
+        for check in report["checks"]:
+            print(f"  [{'ok' if check['ok'] else 'FAIL'}] {check['name']}: {check['detail']}")
+        return 1
+
+    failures: list[str] = []
+
+    def expect(condition: bool, what: str) -> None:
+        if not condition:
+            failures.append(what)
+
+    print(f"edgecoder demo: {runners} sandboxed nodes, 1 node with SANDBOX_MODE=none, 1 offering laptop")
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(MeshNode.open(NodeConfig(identity=NodeIdentity.generate())))
+        bootstrap = first.addrs[:1]
+        nodes = [first]
+        for _ in range(runners - 1):
+            nodes.append(
+                await stack.enter_async_context(
+                    MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), peers=bootstrap))
+                )
+            )
+        refuser = await stack.enter_async_context(
+            MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), peers=bootstrap, sandbox_mode="none"))
+        )
+        laptop = await stack.enter_async_context(
+            MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), peers=bootstrap, sandbox_mode="none"))
+        )
+        names = {n.identity.public_key: f"node-{i + 1}" for i, n in enumerate(nodes)}
+        names[refuser.identity.public_key] = "no-sandbox"
+        for i, n in enumerate(nodes):
+            print(f"  node-{i + 1}     {n.peer_id}  sandboxMode={n.gate.reported_mode}")
+        print(
+            f"  no-sandbox {refuser.peer_id}  sandboxMode={refuser.gate.reported_mode} ({refuser.gate.status.reason})"
+        )
+        await laptop.wait_for_runner(timeout=10)
+        with trio.move_on_after(5):
+            while len(laptop.peers.fresh()) < runners + 1:
+                await trio.sleep(0.05)
+        seen = {h.peer_id: h.sandbox_mode for h in laptop.peers.fresh()}
+        print(f"  the laptop sees {len(seen)} heartbeats; no-sandbox reports sandboxMode={seen.get(refuser.peer_id)}")
+
+        print("\nOffers that run (each in a fresh container: no network, read-only root, uid 65534):")
+        offer = laptop.make_offer(language="python", code=SUM_PY, input={"xs": list(range(1, 101))})
+        outcome, ms = await _timed(lambda: laptop.offer_gossip(offer, timeout=30))
+        _line("gossip offer, claimed by one node", outcome, ms, names)
+        ran = sum(n.ran.count(open_offer_id(offer)) for n in nodes)
+        print(f"  {'':<34} └ ran on exactly {ran} node(s); other claims refused: {_refused(laptop, offer)}")
+        expect(outcome.ok and ran == 1, "the gossip offer runs exactly once")
+
+        direct = laptop.make_offer(language="javascript", code=FIB_JS, input={"n": 90})
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[-1].addrs[0], direct))
+        _line("direct offer (javascript)", outcome, ms, names)
+        expect(outcome.ok, "the direct offer runs")
+
+        whoami = laptop.make_offer(language="python", code=WHOAMI_PY, limits=Limits(timeout_ms=3000))
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], whoami))
+        _line("what the sandbox looks like", outcome, ms, names)
+        expect(outcome.ok and "['lo']" in (outcome.result.result.stdout if outcome.result else ""), "only lo inside")
+
+        if ble:
+            outcome, ms = await _timed(lambda: _ble_offer(nodes[0]))
+            _line("BLE offer from a nearby laptop", outcome, ms, names)
+            expect(outcome.ok, "the BLE offer runs")
+
+        print("\nWhat the mesh refuses, and why:")
+        outcome, ms = await _timed(
+            lambda: laptop.offer_direct(refuser.addrs[0], laptop.make_offer(language="python", code=SUM_PY))
+        )
+        _line("direct offer to the no-sandbox node", outcome, ms, names)
+        expect(outcome.refusal is not None and outcome.refusal.reason == "sandbox_unavailable", "no-sandbox refuses")
+
+        host = laptop.make_offer(language="python", code="print('on the host?')", sandbox="host")
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], host))
+        _line("remote offer asking for the host", outcome, ms, names)
+        stderr = outcome.result.result.stderr if outcome.result else ""
+        expect(stderr == "sandbox_required_for_remote_task", "host execution is refused for remote work")
+
+        tampered = bytearray(laptop.make_offer(language="python", code="print('tampered')"))
+        tampered[-10] ^= 0x01
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], bytes(tampered)))
+        _line("tampered offer", outcome, ms, names)
+        expect(outcome.refusal is not None and outcome.refusal.reason == "bad_signature", "tampering is refused")
+
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[-1].addrs[0], direct))
+        _line("the direct offer, replayed", outcome, ms, names)
+        expect(outcome.refusal is not None and outcome.refusal.reason == "replayed", "replays are refused")
+
+        print(f"\n  no-sandbox node: ran {len(refuser.ran)} offers, subscribed to offers: {refuser.gossip.subscribed}")
+        expect(not refuser.ran and not refuser.gossip.subscribed, "the no-sandbox node takes no part")
+
+    if failures:
+        print("\nDEMO FAILED: " + "; ".join(failures))
+        return 1
+    print("\nEvery expectation held. Containers left behind: none (each node removes its own on exit).")
+    return 0
+
+
+def open_offer_id(raw: bytes) -> bytes:
+    return parse_offer(raw).offer.offer_id
+
+
+def _refused(laptop: MeshNode, raw: bytes) -> int:
+    posted = laptop.desk.get(open_offer_id(raw))
+    return 0 if posted is None else posted.refused
+
+
+async def _ble_offer(node: MeshNode) -> OfferOutcome:
+    """A nearby laptop advertises an offer over the simulated radio; the node's BLE central takes it."""
+    from transports.ble.sim import open_simulated_radio
+
+    neighbour = NodeIdentity.generate()
+    offer = TaskOffer.create(neighbour, language="python", code="print('hello over BLE from', 'a neighbour')")
+    async with open_simulated_radio() as radio, trio.open_nursery() as nursery:
+        await nursery.start(node.run_ble, radio)
+        peer = await radio.add_offering_peer(neighbour, offer.sign(neighbour))
+        # The neighbour verified the result's signature against the claimant's PeerID before accepting it.
+        result: TaskResult = await peer.wait_result()
+        nursery.cancel_scope.cancel()
+    return OfferOutcome(result=result)

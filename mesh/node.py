@@ -1,0 +1,255 @@
+"""The node's lifecycle: one nursery owns the executor, the gate, the transports and the workers.
+
+The data path is a straight line: a transport turns bytes into a `Delivery`, the `Intake` admits it as remote work,
+a worker claims it (gossip and BLE), the executor runs it in Docker under the operator's policy, and the worker
+signs the result and hands it back to the transport that brought the offer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import trio
+
+if TYPE_CHECKING:
+    # The installed trio-stubs (which mypy prefers to trio's own hints) know TaskStatus only from trio_typing.
+    from trio_typing import TaskStatus
+
+from executor.contract import ErrorKind, ExecRequest, ExecResult, QueueReason, refusal
+from executor.policy import ExecutorPolicy
+from mesh.claims import ClaimDesk
+from mesh.gate import SandboxGate, SandboxMode
+from mesh.identity import NodeIdentity, public_key_of_peer_id
+from mesh.intake import Intake, IntakePolicy, Job
+from mesh.metrics import NodeMetrics
+from mesh.offers import TaskOffer, TaskResult, open_result, parse_offer
+from mesh.peers import PeerDirectory
+from mesh.reasons import Reason, Rejected, Rejection
+from transports.ble import BleTransport
+from transports.ble.sim import SimulatedRadioHandle
+from transports.direct import DirectTransport
+from transports.gossip import GossipTransport
+from transports.p2p import P2PHost, open_host
+
+log = structlog.get_logger("edgecoder.node")
+
+
+@dataclass
+class NodeConfig:
+    identity: NodeIdentity
+    listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    peers: Sequence[str] = ()
+    sandbox_mode: SandboxMode = "docker"
+    executor_policy: ExecutorPolicy = field(default_factory=ExecutorPolicy.from_env)
+    intake_policy: IntakePolicy = field(default_factory=IntakePolicy)
+    heartbeat_interval: float = 1.0
+    gate_interval: float = 5.0
+    claim_redundancy: int = 1
+    # Extra keyword arguments for the executor (tests point it at another daemon socket, for instance).
+    executor_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OfferOutcome:
+    """What an offerer learns: a verified result, or a typed refusal."""
+
+    result: TaskResult | None = None
+    refusal: Rejection | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.result.ok
+
+
+class MeshNode:
+    def __init__(self, config: NodeConfig, nursery: trio.Nursery, p2p: P2PHost, executor: Any | None) -> None:
+        self.config = config
+        self.identity = config.identity
+        self.metrics = NodeMetrics()
+        self.peers = PeerDirectory(stale_after=max(5.0, 4 * config.heartbeat_interval))
+        self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
+        self.intake = Intake(config.intake_policy, participating=lambda: self.gate.participating, metrics=self.metrics)
+        self.desk = ClaimDesk(self.peers, redundancy=config.claim_redundancy)
+        self.executor = executor
+        self.p2p = p2p
+        self.direct = DirectTransport(p2p, self.intake, self.desk)
+        self.gossip = GossipTransport(
+            p2p,
+            self.intake,
+            self.direct,
+            validate=self.intake.validate,
+            heartbeat=self.heartbeat,
+            on_heartbeat=self.peers.observe,
+            heartbeat_interval=config.heartbeat_interval,
+        )
+        self._nursery = nursery
+        self.ran: list[bytes] = []  # offer ids this node executed, for tests and simulations
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, config: NodeConfig) -> AsyncIterator[MeshNode]:
+        async with contextlib.AsyncExitStack() as stack:
+            executor = None
+            if config.sandbox_mode == "docker":
+                from executor.runner import Executor
+
+                executor = await stack.enter_async_context(
+                    Executor.open(config.executor_policy, node_label=config.identity.peer_id, **config.executor_options)
+                )
+            p2p = await stack.enter_async_context(open_host(config.identity, config.listen))
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            node = cls(config, nursery, p2p, executor)
+            await node._start()
+            try:
+                yield node
+            finally:
+                node.intake.close()
+                nursery.cancel_scope.cancel()
+
+    async def _start(self) -> None:
+        # The gate's first verdict comes before any transport opens, so a node that cannot sandbox never
+        # subscribes to offers, not even for a moment.
+        await self._nursery.start(self.gate.run)
+        self.metrics.participating.set(int(self.gate.participating))
+        self.gate.on_change(self._follow_gate)
+        await self._nursery.start(self.gossip.run)
+        for peer in self.config.peers:
+            await self.p2p.connect(peer)
+        workers = self.config.executor_policy.max_concurrent if self.executor is not None else 0
+        for _ in range(workers):
+            self._nursery.start_soon(self._work)
+
+    async def _follow_gate(self, participating: bool) -> None:
+        """Withdraw from every transport when the sandbox fails; rejoin when it works again."""
+        self.metrics.participating.set(int(participating))
+        if participating:
+            await self.gossip.rejoin()
+        else:
+            await self.gossip.withdraw()
+
+    async def run_ble(
+        self,
+        radio: SimulatedRadioHandle | None = None,
+        *,
+        task_status: TaskStatus[BleTransport] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Take offers from nearby BLE peers: BlueZ through bleak, or a simulated radio's bumble backend.
+
+        The BLE transport follows `intake.participating`, so it stops scanning while the gate is closed.
+        """
+        backend = await radio.central_backend() if radio is not None else None
+        async with BleTransport.open(self.intake, claimant_peer_id=self.peer_id, backend=backend) as transport:
+            task_status.started(transport)
+            await trio.sleep_forever()
+
+    def heartbeat(self) -> dict[str, Any]:
+        stats = self.executor.stats() if self.executor is not None else None
+        free = 0 if stats is None or not self.gate.participating else max(0, stats.free_slots)
+        return {
+            "peerId": self.identity.peer_id,
+            "sandboxMode": self.gate.reported_mode,
+            "freeSlots": free,
+            "languages": sorted(self.config.intake_policy.languages),
+            "addrs": list(self.p2p.addrs),
+        }
+
+    @property
+    def addrs(self) -> list[str]:
+        return list(self.p2p.addrs)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    # -- the worker: claim, run, sign, reply -------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        async for job in self.intake.jobs:
+            await self._handle(job)
+
+    async def _handle(self, job: Job) -> None:
+        offer = job.received.offer
+        if not self.gate.participating:
+            # Admitted before the gate closed: the offerer still gets a signed, typed answer.
+            result = refusal(
+                "sandbox_unavailable",
+                error_kind=ErrorKind.SANDBOX_VIOLATION,
+                queue_reason=QueueReason.SANDBOX_UNAVAILABLE,
+            )
+        else:
+            try:
+                granted = await job.delivery.claim()
+            except Exception as exc:  # a transport failure while claiming is the claim lost, not a crash
+                log.warning("claim failed", offer=offer.offer_id.hex(), error=repr(exc))
+                granted = False
+            self.metrics.claims.labels("granted" if granted else "refused").inc()
+            if not granted:
+                return
+            result = await self._run(offer)
+        signed = TaskResult(offer.offer_id, job.received.digest, self.identity.public_key, result).sign(self.identity)
+        try:
+            await job.delivery.reply(signed)
+        except Exception as exc:  # the offerer went away; the result is lost to it, the node keeps serving
+            log.warning("reply failed", offer=offer.offer_id.hex(), error=repr(exc))
+
+    async def _run(self, offer: TaskOffer) -> ExecResult:
+        assert self.executor is not None
+        request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
+        # Origin is fixed here, by the node, for everything that came through the intake.
+        result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin="remote")
+        self.ran.append(offer.offer_id)
+        self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()
+        self.metrics.run_seconds.observe(result.duration_ms / 1000)
+        if result.queue_for_cloud:
+            self.metrics.fallbacks.inc()
+        return result
+
+    # -- the offerer's side ------------------------------------------------------------------------------------
+
+    async def wait_for_runner(self, *, timeout: float) -> bool:
+        """Wait until some peer's fresh heartbeat says it can sandbox: only such a peer can be granted a claim."""
+        with trio.move_on_after(timeout):
+            while not any(h.sandbox_mode == "docker" for h in self.peers.fresh()):
+                await trio.sleep(0.05)
+            return True
+        return False
+
+    def make_offer(self, **fields: Any) -> bytes:
+        """A signed offer from this node, replying to its own listen addresses."""
+        fields.setdefault("reply_to", tuple(self.p2p.addrs))
+        return TaskOffer.create(self.identity, **fields).sign(self.identity)
+
+    async def offer_direct(self, peer: str, raw: bytes) -> OfferOutcome:
+        """Send any bytes (tests send garbage on purpose) and verify whatever comes back."""
+        answer = await self.direct.send_offer(peer, raw)
+        if answer.refusal is not None or answer.result is None:
+            return OfferOutcome(refusal=answer.refusal or Rejection(Reason.MALFORMED, "empty answer"))
+        try:
+            result = open_result(answer.result)
+        except Rejected as rejected:
+            return OfferOutcome(refusal=rejected.rejection)
+        if result.offer_digest != hashlib.sha256(raw).digest():
+            return OfferOutcome(refusal=Rejection(Reason.MALFORMED, "the result names another offer"))
+        # The result must come from the peer we sent the offer to, when the address names it.
+        if "/p2p/" in peer and result.executor != public_key_of_peer_id(peer.rsplit("/p2p/", 1)[1]):
+            return OfferOutcome(refusal=Rejection(Reason.WRONG_EXECUTOR, "signed by another key than the peer's"))
+        return OfferOutcome(result=result)
+
+    async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0) -> OfferOutcome:
+        """Publish, let exactly one claimant run it, and wait for its verified result."""
+        received = parse_offer(raw)
+        posted = self.desk.post(received)
+        await self.gossip.publish_offer(raw)
+        with trio.move_on_after(timeout):
+            await posted.done.wait()
+        if posted.results:
+            return OfferOutcome(result=posted.results[0])
+        why = "claims lapsed without a result" if self.desk.lapsed(received.offer.offer_id) else "no result in time"
+        return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, why))

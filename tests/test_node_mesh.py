@@ -1,0 +1,218 @@
+"""Several real nodes on loopback in one process, real intake, real Docker: the node issue's end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from executor.contract import SANDBOX_REQUIRED, Limits
+from mesh.codec import Domain, pack, seal
+from mesh.identity import NodeIdentity
+from mesh.node import MeshNode, NodeConfig
+from mesh.offers import TaskOffer, parse_offer
+from mesh.reasons import Reason
+from tests.docker_support import containers_labelled, sandbox_policy, wait_pool_ready
+
+pytestmark = pytest.mark.docker
+
+SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
+
+
+@contextlib.asynccontextmanager
+async def mesh(runners: int = 2, refusers: int = 0, **config: Any) -> AsyncIterator[dict[str, Any]]:
+    """`runners` sandboxed nodes, `refusers` SANDBOX_MODE=none nodes and one offerer, all meshed."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(mode: str, peers: list[str]) -> MeshNode:
+            node_config = NodeConfig(
+                identity=NodeIdentity.generate(),
+                peers=peers,
+                sandbox_mode=mode,  # type: ignore[arg-type]
+                executor_policy=sandbox_policy(),
+                heartbeat_interval=0.5,
+                **config,
+            )
+            return await stack.enter_async_context(MeshNode.open(node_config))
+
+        first = await start("docker", [])
+        nodes = [first] + [await start("docker", first.addrs[:1]) for _ in range(runners - 1)]
+        none_nodes = [await start("none", first.addrs[:1]) for _ in range(refusers)]
+        offerer = await start("none", first.addrs[:1])
+        with trio.fail_after(15):
+            while len(offerer.peers.fresh()) < runners + refusers:
+                await trio.sleep(0.05)
+        yield {"nodes": nodes, "none": none_nodes, "offerer": offerer}
+
+
+def run(fn: Callable[[], Awaitable[None]]) -> None:
+    trio.run(fn)
+
+
+def offer_id(raw: bytes) -> bytes:
+    return parse_offer(raw).offer.offer_id
+
+
+def test_a_gossip_offer_runs_exactly_once_and_the_offerer_verifies_the_result() -> None:
+    async def main() -> None:
+        async with mesh(runners=3) as m:
+            offerer: MeshNode = m["offerer"]
+            raw = offerer.make_offer(language="python", code=SUM, input={"xs": [1, 2, 3, 4]})
+            outcome = await offerer.offer_gossip(raw, timeout=30)
+            assert outcome.result is not None, outcome.refusal
+            assert outcome.ok and outcome.result.result.stdout == "10\n"
+            runners = [n for n in m["nodes"] if offer_id(raw) in n.ran]
+            assert len(runners) == 1
+            assert outcome.result.executor == runners[0].identity.public_key
+            # Every other node heard the offer (it was admitted by their intakes) but was refused the claim.
+            await trio.sleep(0.5)
+            assert sum(n.intake.admitted["gossip"] for n in m["nodes"]) == 3
+            assert sum(n.ran.count(offer_id(raw)) for n in m["nodes"]) == 1
+
+    run(main)
+
+
+def test_a_direct_offer_works_end_to_end_in_both_languages() -> None:
+    async def main() -> None:
+        async with mesh(runners=1) as m:
+            offerer, node = m["offerer"], m["nodes"][0]
+            py = await offerer.offer_direct(
+                node.addrs[0], offerer.make_offer(language="python", code=SUM, input={"xs": [5, 6]})
+            )
+            assert py.result is not None and py.result.result.stdout == "11\n"
+            js = await offerer.offer_direct(
+                node.addrs[0], offerer.make_offer(language="javascript", code="console.log(6 * 7)")
+            )
+            assert js.result is not None and js.result.result.stdout == "42\n"
+            failing = await offerer.offer_direct(
+                node.addrs[0], offerer.make_offer(language="python", code="import sys; sys.exit(3)")
+            )
+            assert failing.result is not None
+            assert (failing.result.result.ok, failing.result.result.exit_code) == (False, 3)
+            assert failing.result.result.error_kind == "execution-failed"
+
+    run(main)
+
+
+def test_forged_tampered_replayed_and_expired_offers_are_rejected_with_their_reason() -> None:
+    async def main() -> None:
+        async with mesh(runners=2) as m:
+            offerer: MeshNode = m["offerer"]
+            target = m["nodes"][1]
+            impostor = NodeIdentity.generate()
+            good = offerer.make_offer(language="python", code="print(1)")
+            tampered = bytearray(good)
+            tampered[-5] ^= 0x40
+            # The offerer field names the offerer, but someone else signed it.
+            forged = seal(Domain.OFFER, parse_offer(good).offer.to_wire_fields(), impostor)
+            expired = TaskOffer.create(
+                offerer.identity, language="python", code="print(1)", issued_at_ms=1_000_000, ttl_ms=60_000
+            ).sign(offerer.identity)
+            cases = {Reason.BAD_SIGNATURE: [bytes(tampered), forged], Reason.EXPIRED: [expired]}
+            for reason, raws in cases.items():
+                for raw in raws:
+                    outcome = await offerer.offer_direct(target.addrs[0], raw)
+                    assert outcome.refusal is not None and outcome.refusal.reason == reason
+            assert (await offerer.offer_direct(target.addrs[0], good)).ok
+            replay = await offerer.offer_direct(target.addrs[0], good)
+            assert replay.refusal is not None and replay.refusal.reason == Reason.REPLAYED
+
+            # Gossip: the validator runs on every hop, the publisher's own included, so an invalid offer is
+            # refused with its reason and never reaches the wire. (tests/test_p2p_gossip.py proves that a hostile
+            # publisher that skips its own check is stopped at the first hop: A-B-C, C never sees it.)
+            expected = {bytes(tampered): Reason.BAD_SIGNATURE, forged: Reason.BAD_SIGNATURE, expired: Reason.EXPIRED}
+            for raw, reason in expected.items():
+                refusal = await offerer.gossip.publish_offer(raw)
+                assert refusal is not None and refusal.reason == reason
+            await trio.sleep(1.0)
+            for node in m["nodes"]:
+                assert node.intake.admitted["gossip"] == 0
+            assert offerer.intake.rejected[("gossip-validator", "bad_signature")] == 2
+
+    run(main)
+
+
+def test_a_remote_offer_asking_for_the_host_is_refused_without_a_container() -> None:
+    async def main() -> None:
+        async with mesh(runners=1) as m:
+            offerer, node = m["offerer"], m["nodes"][0]
+            label = node.peer_id
+            await wait_pool_ready(node.executor)
+            before = containers_labelled(label)
+            raw = offerer.make_offer(language="python", code="import os; os.system('touch /tmp/pwned')", sandbox="host")
+            outcome = await offerer.offer_direct(node.addrs[0], raw)
+            assert outcome.result is not None
+            result = outcome.result.result
+            assert (result.ok, result.stderr) == (False, SANDBOX_REQUIRED)
+            assert containers_labelled(label) == before
+
+    run(main)
+
+
+def test_a_sandbox_mode_none_node_never_receives_claims_or_runs_while_its_heartbeats_are_seen() -> None:
+    async def main() -> None:
+        async with mesh(runners=1, refusers=1) as m:
+            offerer: MeshNode = m["offerer"]
+            refuser: MeshNode = m["none"][0]
+            assert offerer.peers.sandbox_mode(refuser.peer_id) == "none"
+            assert not refuser.gossip.subscribed and refuser.executor is None
+            for i in range(3):
+                outcome = await offerer.offer_gossip(
+                    offerer.make_offer(language="python", code=f"print({i})"), timeout=30
+                )
+                assert outcome.ok
+            direct = await offerer.offer_direct(
+                refuser.addrs[0], offerer.make_offer(language="python", code="print(1)")
+            )
+            assert direct.refusal is not None and direct.refusal.reason == Reason.SANDBOX_UNAVAILABLE
+            assert refuser.ran == [] and sum(refuser.intake.admitted.values()) == 0
+            # A claim from it is refused by the offerer: its heartbeat says sandboxMode none.
+            raw = offerer.make_offer(language="python", code="print(1)")
+            offerer.desk.post(parse_offer(raw))
+            refusal = await refuser.direct.request_claim(offerer.addrs[0], offer_id(raw))
+            assert refusal is not None and refusal.reason == Reason.SANDBOX_UNAVAILABLE
+
+    run(main)
+
+
+def test_a_flooding_offerer_is_rate_limited_and_another_is_still_served() -> None:
+    async def main() -> None:
+        async with mesh(runners=1) as m:
+            node: MeshNode = m["nodes"][0]
+            flooder = m["offerer"]
+            reasons = []
+            async with trio.open_nursery() as nursery:
+
+                async def send(i: int) -> None:
+                    raw = flooder.make_offer(language="python", code=f"print({i})", limits=Limits(timeout_ms=2000))
+                    outcome = await flooder.offer_direct(node.addrs[0], raw)
+                    reasons.append(outcome.refusal.reason if outcome.refusal else "ok")
+
+                for i in range(40):
+                    nursery.start_soon(send, i)
+            assert reasons.count(Reason.RATE_LIMITED) >= 10
+            assert node.intake.rejected[("direct", "rate_limited")] == reasons.count(Reason.RATE_LIMITED)
+            other = NodeIdentity.generate()
+            raw = TaskOffer.create(other, language="python", code="print('served')").sign(other)
+            outcome = await flooder.offer_direct(node.addrs[0], raw)
+            assert outcome.ok, outcome.refusal
+
+    run(main)
+
+
+def test_garbage_on_the_direct_stream_is_refused_and_the_node_keeps_serving() -> None:
+    async def main() -> None:
+        async with mesh(runners=1) as m:
+            offerer, node = m["offerer"], m["nodes"][0]
+            for garbage in (b"", b"\xc1", pack({"version": 1}), b"\x00" * 1000):
+                outcome = await offerer.offer_direct(node.addrs[0], garbage)
+                assert outcome.refusal is not None
+                assert outcome.refusal.reason in (Reason.MALFORMED, Reason.UNSUPPORTED_VERSION)
+            assert (
+                await offerer.offer_direct(node.addrs[0], offerer.make_offer(language="python", code="print(1)"))
+            ).ok
+
+    run(main)

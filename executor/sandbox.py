@@ -264,7 +264,10 @@ class DockerSandbox:
     async def _remove(self, container_id: str) -> None:
         self.pending_removals += 1
         try:
-            await trio.to_thread.run_sync(self._remove_blocking, container_id)
+            # Shielded: the owner's nursery may be cancelled (an exception, Ctrl-C) with removals still queued, and
+            # a removal is bounded anyway (API_TIMEOUT_S).
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._remove_blocking, container_id)
         except DOCKER_ERRORS as exc:
             # Left for the labelled sweep at the next start-up.
             log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))

@@ -231,3 +231,19 @@ async def wait_until(condition: Any, timeout_s: float = 15.0) -> None:
     with trio.fail_after(timeout_s):
         while not condition():
             await trio.sleep(0.02)
+
+
+@pytest.mark.docker
+async def test_an_exception_in_the_owner_still_removes_every_container(
+    docker_api: docker.APIClient, node_label: str
+) -> None:
+    class OwnerFailed(Exception):
+        pass
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with Executor.open(ExecutorPolicy(pool_size=2), node_label=node_label) as ex:
+            await wait_until(lambda: ex.stats().pool_ready == 2)
+            await ex.run_code(ExecRequest("python", "print(1)"))  # leaves a removal in the background too
+            raise OwnerFailed
+    assert raised.group_contains(OwnerFailed)
+    assert containers_of(docker_api, node_label) == []

@@ -47,7 +47,10 @@ class NodeConfig:
     sandbox_mode: SandboxMode = "docker"
     executor_policy: ExecutorPolicy = field(default_factory=ExecutorPolicy.from_env)
     intake_policy: IntakePolicy = field(default_factory=IntakePolicy)
-    heartbeat_interval: float = 1.0
+    # Every heartbeat is flooded to the whole mesh, so the mesh carries N² / interval of them: py-libp2p spends about
+    # 3 ms of CPU per message received, and at 1 s a single process saturates near a dozen nodes. Presence does not
+    # need more than this; a change of sandbox mode is announced at once (`beat_now`).
+    heartbeat_interval: float = 5.0
     gate_interval: float = 5.0
     claim_redundancy: int = 1
     # Extra keyword arguments for the executor (tests point it at another daemon socket, for instance).
@@ -71,7 +74,7 @@ class MeshNode:
         self.config = config
         self.identity = config.identity
         self.metrics = NodeMetrics()
-        self.peers = PeerDirectory(stale_after=max(5.0, 4 * config.heartbeat_interval))
+        self.peers = PeerDirectory(stale_after=3.5 * config.heartbeat_interval)
         self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
         self.intake = Intake(config.intake_policy, participating=lambda: self.gate.participating, metrics=self.metrics)
         self.desk = ClaimDesk(self.peers, redundancy=config.claim_redundancy)
@@ -129,6 +132,7 @@ class MeshNode:
     async def _follow_gate(self, participating: bool) -> None:
         """Withdraw from every transport when the sandbox fails; rejoin when it works again."""
         self.metrics.participating.set(int(participating))
+        self.gossip.beat_now()
         if participating:
             await self.gossip.rejoin()
         else:

@@ -87,7 +87,7 @@ class GossipTransport:
         validate: ValidateFn,
         heartbeat: HeartbeatFn,
         on_heartbeat: OnHeartbeatFn,
-        heartbeat_interval: float = 1.0,
+        heartbeat_interval: float = 5.0,
     ) -> None:
         self.host = host
         self.sink = sink
@@ -125,6 +125,7 @@ class GossipTransport:
         self.pubsub.set_topic_validator(HEARTBEAT_TOPIC, self._heartbeat_is_valid, False)
         self._nursery: trio.Nursery | None = None
         self._publish_lock = trio.Lock()
+        self._beat_now = trio.Event()
         self._next_publish = 0.0
 
     @property
@@ -282,13 +283,19 @@ class GossipTransport:
 
     # -- heartbeats --------------------------------------------------------------------------------------------
 
+    def beat_now(self) -> None:
+        """Publish a heartbeat at once (the node calls this when its sandbox mode changes)."""
+        self._beat_now.set()
+
     async def _publish_heartbeats(self) -> None:
         while True:
+            self._beat_now = trio.Event()
             try:
                 await self.pubsub.publish(HEARTBEAT_TOPIC, pack(self.heartbeat()))
             except Exception:  # one bad heartbeat (say, an unpackable field) must not end the loop
                 log.exception("could not publish a heartbeat")
-            await trio.sleep(self.heartbeat_interval)
+            with trio.move_on_after(self.heartbeat_interval):
+                await self._beat_now.wait()
 
     def _decode_heartbeat(self, msg: rpc_pb2.Message) -> dict[str, Any] | None:
         try:

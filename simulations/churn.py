@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulations.cluster import Role, SimNode
+from simulations.cluster import SimNode, lineup
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options, offerers, standard_sections, started
@@ -14,7 +14,7 @@ from simulations.workload import drive_offers, summarize
 async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     total = options.n(quick=7, full=12)
     runners = 3
-    roles: list[Role] = ["runner"] * runners + ["listener"] * max(0, total - runners - 1) + ["offerer"]
+    roles = lineup(("runner", runners), ("listener", total - runners - 1), ("offerer", 1))
     count, rate = (9, 1.5) if options.quick else (30, 2.0)
     report = options.report("churn", f"Churn: nodes killed and restarted during {count} offers")
     async with started(roles, seed=options.seed) as (cluster, instruments, formed):

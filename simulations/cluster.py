@@ -35,6 +35,14 @@ if TYPE_CHECKING:
 Role = Literal["runner", "listener", "refuser", "offerer", "hostile"]
 OnOpen = Callable[["SimNode", MeshNode], None]
 
+
+def lineup(*groups: tuple[Role, int]) -> list[Role]:
+    """`lineup(("runner", 2), ("offerer", 1))`: the roles a scenario starts, in order.
+
+    mypy types `["runner"] * n + [...]` as `list[str]`, not as a list of roles; this keeps the literals."""
+    return [role for role, count in groups for _ in range(max(0, count))]
+
+
 # Each new node dials this many earlier nodes: a connected graph with ~2x this many connections per node, enough for
 # GossipSub's degree (D=6, D_low=4) to be met from the node's own connections.
 DIALS_PER_NODE = 3
@@ -77,13 +85,15 @@ class Cluster:
         nursery: trio.Nursery,
         *,
         seed: int = 1,
-        heartbeat_interval: float = 1.0,
+        heartbeat_interval: float | None = None,
         gate_interval: float = 5.0,
         policy: ExecutorPolicy | None = None,
     ) -> None:
         self._nursery = nursery
         self.random = random.Random(seed)
-        self.heartbeat_interval = heartbeat_interval
+        # None: the node's own default (5 s). At 1 s the N² heartbeat flood saturates one process near a dozen nodes.
+        default = NodeConfig.heartbeat_interval
+        self.heartbeat_interval = default if heartbeat_interval is None else heartbeat_interval
         self.gate_interval = gate_interval
         self.policy = policy or runner_policy()
         self.nodes: list[SimNode] = []

@@ -11,8 +11,13 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    # The installed trio-stubs know TaskStatus only from trio_typing (as in mesh/node.py).
+    from trio_typing import TaskStatus
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -43,7 +48,7 @@ class DockerRelay:
             self._scope = None
             self.cut_count += 1
 
-    async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _serve(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)

@@ -17,7 +17,7 @@ from mesh.codec import Domain, seal
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode
 from mesh.offers import parse_offer
-from simulations.cluster import Role
+from simulations.cluster import lineup
 from simulations.probes import digest_of
 from simulations.progress import Progress
 from simulations.report import Report
@@ -44,7 +44,7 @@ def forgeries(victim: MeshNode, count: int) -> list[bytes]:
 async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     total = options.n(quick=6, full=12)
     runners = 2
-    roles: list[Role] = ["runner"] * runners + ["listener"] * max(0, total - runners - 2) + ["offerer", "hostile"]
+    roles = lineup(("runner", runners), ("listener", total - runners - 2), ("offerer", 1), ("hostile", 1))
     count, rate, flood = (4, 1.0, 40) if options.quick else (20, 2.0, 400)
     report = options.report("hostile", f"A hostile peer floods {flood} forged and replayed offers")
     async with started(roles, seed=options.seed) as (cluster, instruments, formed):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulations.cluster import Role
+from simulations.cluster import lineup
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options, offerers, standard_sections, started
@@ -16,7 +16,7 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     refusers = total // 2
     runners = max(1, total - refusers - 1)
     count, rate = (4, 1.0) if options.quick else (20, 2.0)
-    roles: list[Role] = ["runner"] * runners + ["refuser"] * refusers + ["offerer"]
+    roles = lineup(("runner", runners), ("refuser", refusers), ("offerer", 1))
     report = options.report("none-nodes", f"{refusers} of {total} nodes with SANDBOX_MODE=none")
     async with started(roles, seed=options.seed) as (cluster, instruments, formed):
         with Progress("none-nodes", count) as bar:

@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from simulations.cluster import Cluster, Role
+from simulations.cluster import Cluster, lineup
 from simulations.docker_relay import DockerRelay, open_relays
 from simulations.progress import Progress
 from simulations.report import Report
@@ -35,7 +35,7 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
             instruments.attach(cluster)
             for relay in relays:
                 await cluster.add("runner", executor_options={"docker_base_url": relay.base_url})
-            roles: list[Role] = ["listener"] * max(0, total - runners - 1) + ["offerer"]
+            roles = lineup(("listener", total - runners - 1), ("offerer", 1))
             for role in roles:
                 await cluster.add(role)
             formed = await cluster.wait_formed(timeout=60)

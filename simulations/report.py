@@ -33,7 +33,7 @@ class Report:
             self.lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
         self.lines.append("")
 
-    def figure(self, filename: str, caption: str, draw: Callable[[Axes], None]) -> Path:
+    def figure(self, filename: str, caption: str, draw: Callable[[Axes], object]) -> Path:
         fig, ax = plt.subplots(figsize=(6, 3.4), dpi=90)
         try:
             draw(ax)

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from simulations.cluster import Role
+from simulations.cluster import lineup
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options, offerers, started
@@ -25,7 +25,7 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     report = options.report("scaling", f"Gossip delivery against cluster size ({sizes[0]}–{sizes[-1]} nodes)")
     rows: list[dict[str, Any]] = []
     for size in sizes:
-        roles: list[Role] = ["listener"] * (size - 1) + ["offerer"]
+        roles = lineup(("listener", size - 1), ("offerer", 1))
         async with started(roles, seed=options.seed, formed_timeout=30) as (cluster, instruments, formed):
             before = instruments.sends.snapshot()
             cpu0, wall0 = time.process_time(), time.monotonic()

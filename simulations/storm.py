@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulations.cluster import Role
+from simulations.cluster import Role, lineup
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options, offerers, standard_sections, started
@@ -15,7 +15,7 @@ OFFERERS = 2  # the intake rate-limits each offerer (5/s, burst 20): a storm fro
 
 def roles(total: int, runners: int) -> list[Role]:
     listeners = max(0, total - runners - OFFERERS)
-    return ["runner"] * runners + ["listener"] * listeners + ["offerer"] * OFFERERS
+    return lineup(("runner", runners), ("listener", listeners), ("offerer", OFFERERS))
 
 
 async def run(options: Options) -> tuple[Report, dict[str, Any]]:

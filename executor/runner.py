@@ -109,7 +109,9 @@ class Executor:
             return _invalid(f"unknown sandbox {sandbox!r} or origin {origin!r}")
         if request.language not in LANGUAGES:
             return _invalid(f"unsupported language {request.language!r}")
-        if sandbox == "docker" and origin == "remote" and self.policy.subset_check:
+        # Hygiene for every run while the policy asks for it: remote offers by default, and the local user until
+        # they pass `--no-subset`. Never the boundary: the container is.
+        if self.policy.subset_check:
             violation = check_subset(request.language, request.code)
             if violation is not None:
                 where = "" if violation.line is None else f" (line {violation.line})"

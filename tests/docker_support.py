@@ -1,23 +1,11 @@
-"""Helpers for tests that talk to the real Docker daemon."""
+"""Helpers for tests that run real nodes against the real Docker daemon."""
 
 from __future__ import annotations
 
-import docker
 import trio
 
-from executor.container_config import NODE_LABEL
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
-
-
-def containers_labelled(node_label: str) -> list[str]:
-    """Ids of every container (any state) that the executor labelled for this node."""
-    client = docker.APIClient()
-    try:
-        found = client.containers(all=True, filters={"label": f"{NODE_LABEL}={node_label}"})
-    finally:
-        client.close()
-    return sorted(c["Id"] for c in found)
 
 
 def sandbox_policy(**changes: object) -> ExecutorPolicy:

@@ -103,11 +103,15 @@ async def test_outside_subset_is_refused_before_any_container(
     assert containers_of(docker_api, node_label) == []
 
 
-async def test_subset_check_does_not_apply_to_local_runs() -> None:
+async def test_local_runs_are_subset_checked_until_the_user_turns_it_off() -> None:
+    """`edgecoder exec` checks by default and `--no-subset` turns it off; the host path is hygiene either way."""
+    request = ExecRequest("python", "import subprocess\nprint('local')")
     async with Executor.open(POLICY, node_label="local-subset", docker_base_url="unix:///nonexistent.sock") as ex:
-        result = await ex.run_code(
-            ExecRequest("python", "import subprocess\nprint('local')"), sandbox="host", origin="local"
-        )
+        checked = await ex.run_code(request, sandbox="host", origin="local")
+    assert (checked.ok, checked.queue_reason) == (False, "outside_subset")
+    unchecked_policy = replace(POLICY, subset_check=False)
+    async with Executor.open(unchecked_policy, node_label="local-subset", docker_base_url="unix:///x.sock") as ex:
+        result = await ex.run_code(request, sandbox="host", origin="local")
     assert (result.ok, result.stdout) == (True, "local\n")
 
 

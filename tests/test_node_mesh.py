@@ -15,7 +15,9 @@ from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from mesh.offers import TaskOffer, parse_offer
 from mesh.reasons import Reason
-from tests.docker_support import containers_labelled, sandbox_policy, wait_pool_ready
+from simulations.docker_relay import open_relays
+from tests.conftest import containers_of
+from tests.docker_support import sandbox_policy, wait_pool_ready
 
 pytestmark = pytest.mark.docker
 
@@ -135,19 +137,19 @@ def test_forged_tampered_replayed_and_expired_offers_are_rejected_with_their_rea
     run(main)
 
 
-def test_a_remote_offer_asking_for_the_host_is_refused_without_a_container() -> None:
+def test_a_remote_offer_asking_for_the_host_is_refused_without_a_container(docker_api: Any) -> None:
     async def main() -> None:
         async with mesh(runners=1) as m:
             offerer, node = m["offerer"], m["nodes"][0]
             label = node.peer_id
             await wait_pool_ready(node.executor)
-            before = containers_labelled(label)
+            before = containers_of(docker_api, label)
             raw = offerer.make_offer(language="python", code="import os; os.system('touch /tmp/pwned')", sandbox="host")
             outcome = await offerer.offer_direct(node.addrs[0], raw)
             assert outcome.result is not None
             result = outcome.result.result
             assert (result.ok, result.stderr) == (False, SANDBOX_REQUIRED)
-            assert containers_labelled(label) == before
+            assert containers_of(docker_api, label) == before
 
     run(main)
 
@@ -214,5 +216,52 @@ def test_garbage_on_the_direct_stream_is_refused_and_the_node_keeps_serving() ->
             assert (
                 await offerer.offer_direct(node.addrs[0], offerer.make_offer(language="python", code="print(1)"))
             ).ok
+
+    run(main)
+
+
+def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_path: Any) -> None:
+    """The machine's dockerd is shared, so the daemon 'goes away' behind a relay socket that the test cuts."""
+
+    async def main() -> None:
+        async with open_relays(tmp_path, 1) as (relay,), mesh(runners=1) as m:
+            offerer: MeshNode = m["offerer"]
+            config = NodeConfig(
+                identity=NodeIdentity.generate(),
+                peers=m["nodes"][0].addrs[:1],
+                executor_policy=sandbox_policy(),
+                heartbeat_interval=0.5,
+                gate_interval=0.2,
+                executor_options={"docker_base_url": relay.base_url},
+            )
+            async with MeshNode.open(config) as flaky:
+                assert flaky.gate.participating and flaky.gossip.subscribed
+                relay.cut()
+                with trio.fail_after(10):
+                    while flaky.gate.participating:
+                        await flaky.gate.wait_changed()
+                assert not flaky.gossip.subscribed
+                assert flaky.gate.reported_mode == "none"
+                refused = await offerer.offer_direct(
+                    flaky.addrs[0], offerer.make_offer(language="python", code="print(1)")
+                )
+                assert refused.refusal is not None and refused.refusal.reason == Reason.SANDBOX_UNAVAILABLE
+                with trio.fail_after(10):  # its peers hear the change at once, not at the next interval
+                    while offerer.peers.sandbox_mode(flaky.peer_id) != "none":
+                        await trio.sleep(0.05)
+                # Gossip offers still run, on the node that can sandbox.
+                outcome = await offerer.offer_gossip(offerer.make_offer(language="python", code="print(2)"))
+                assert outcome.result is not None and outcome.result.executor != flaky.identity.public_key
+                assert flaky.ran == []
+
+                await relay.restore()
+                with trio.fail_after(15):
+                    while not flaky.gate.participating:
+                        await flaky.gate.wait_changed()
+                assert flaky.gossip.subscribed
+                back = await offerer.offer_direct(
+                    flaky.addrs[0], offerer.make_offer(language="python", code="print(3)")
+                )
+                assert back.ok, back.refusal
 
     run(main)

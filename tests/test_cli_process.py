@@ -1,0 +1,219 @@
+"""The CLI contract, as separate processes: `edgecoder node` twice, then `edgecoder offer`, `exec` and `doctor`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import containers_of
+
+pytestmark = pytest.mark.docker
+
+CLI = [sys.executable, "-m", "mesh.cli"]
+SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
+
+
+def edgecoder(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def last_json(output: str) -> dict[str, Any]:
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NodeProcess:
+    def __init__(self, key: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [*CLI, "node", "--key", str(key), "--listen", "/ip4/127.0.0.1/tcp/0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert self.process.stdout is not None
+        first = self.process.stdout.readline()  # the contract: the first stdout line is the ready event
+        self.ready = json.loads(first)
+        assert self.ready["event"] == "ready", first
+
+    @property
+    def addr(self) -> str:
+        return str(self.ready["addrs"][0])
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    paths = {}
+    for name in ("a", "b", "offerer", "refuser"):
+        paths[name] = tmp_path / f"{name}.key"
+        result = edgecoder("keygen", "--out", str(paths[name]))
+        assert result.returncode == 0 and result.stdout.startswith("12D3KooW"), result.stderr
+    return paths
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    path = tmp_path / "sum.py"
+    path.write_text(SUM)
+    return path
+
+
+@pytest.fixture
+def two_nodes(keys: dict[str, Path]) -> Iterator[tuple[NodeProcess, NodeProcess, int]]:
+    port = free_port()
+    a = NodeProcess(keys["a"], "--metrics-port", str(port))
+    b = NodeProcess(keys["b"], "--peer", a.addr, "--log-json")
+    try:
+        yield a, b, port
+    finally:
+        b.stop()
+        a.stop()
+
+
+def test_two_nodes_and_an_offer_through_the_cli(
+    two_nodes: tuple[NodeProcess, NodeProcess, int], keys: dict[str, Path], code: Path, docker_api: Any
+) -> None:
+    a, b, metrics_port = two_nodes
+    assert a.ready["sandboxMode"] == "docker" and a.ready["peerId"].startswith("12D3KooW")
+
+    direct = edgecoder(
+        "offer",
+        "--key",
+        str(keys["offerer"]),
+        "--to",
+        b.addr,
+        "--language",
+        "python",
+        "--code-file",
+        str(code),
+        "--input",
+        '{"xs": [1, 2, 3]}',
+    )
+    assert direct.returncode == 0, direct.stderr
+    result = last_json(direct.stdout)
+    assert result["ok"] is True and result["stdout"] == "6\n" and result["exitCode"] == 0
+    assert set(result) >= {"ok", "stdout", "stderr", "exitCode", "durationMs", "queueForCloud", "queueReason"}
+
+    gossip = edgecoder(
+        "offer",
+        "--key",
+        str(keys["offerer"]),
+        "--gossip",
+        "--peer",
+        a.addr,
+        "--language",
+        "python",
+        "--code-file",
+        str(code),
+        "--input",
+        '{"xs": [10, 20]}',
+    )
+    assert gossip.returncode == 0, gossip.stderr
+    assert last_json(gossip.stdout)["stdout"] == "30\n"
+
+    host = edgecoder(
+        "offer",
+        "--key",
+        str(keys["offerer"]),
+        "--to",
+        a.addr,
+        "--language",
+        "python",
+        "--code-file",
+        str(code),
+        "--sandbox",
+        "host",
+    )
+    assert host.returncode == 1
+    refused = last_json(host.stdout)
+    assert refused["ok"] is False and refused["stderr"] == "sandbox_required_for_remote_task"
+
+    metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    assert "edgecoder_offers_admitted_total" in metrics and "edgecoder_participating 1.0" in metrics
+
+    labels = [a.ready["peerId"], b.ready["peerId"]]
+    assert a.stop() == 0 and b.stop() == 0
+    for label in labels:  # SIGTERM: runs finished or aborted, pools removed, nothing left behind
+        assert containers_of(docker_api, label) == []
+
+
+def test_a_sandbox_mode_none_node_refuses_and_says_so(keys: dict[str, Path], code: Path) -> None:
+    env = {**os.environ, "SANDBOX_MODE": "none"}
+    refuser = NodeProcess(keys["refuser"], env=env)
+    try:
+        assert refuser.ready["sandboxMode"] == "none"
+        offer = edgecoder(
+            "offer",
+            "--key",
+            str(keys["offerer"]),
+            "--to",
+            refuser.addr,
+            "--language",
+            "python",
+            "--code-file",
+            str(code),
+        )
+        assert offer.returncode == 3
+        assert last_json(offer.stdout)["refusal"] == "sandbox_unavailable"
+        doctor = edgecoder("doctor", "--json", env=env)
+        assert doctor.returncode == 1 and last_json(doctor.stdout)["ok"] is False
+    finally:
+        assert refuser.stop(signal.SIGINT) == 0
+
+
+def test_exec_runs_local_code_on_the_host_or_in_docker(code: Path) -> None:
+    for sandbox in ("host", "docker"):
+        result = edgecoder(
+            "exec", "--code-file", str(code), "--language", "python", "--sandbox", sandbox, "--input", '{"xs": [2, 2]}'
+        )
+        assert result.returncode == 0, result.stderr
+        assert last_json(result.stdout)["stdout"] == "4\n"
+
+
+def test_exec_subset_check_and_its_switch(tmp_path: Path) -> None:
+    path = tmp_path / "evil.py"
+    path.write_text("print(eval('1 + 1'))\n")
+    checked = edgecoder("exec", "--code-file", str(path), "--language", "python")
+    assert checked.returncode == 1
+    assert last_json(checked.stdout)["queueReason"] == "outside_subset"
+    unchecked = edgecoder("exec", "--code-file", str(path), "--language", "python", "--no-subset")
+    assert unchecked.returncode == 0 and last_json(unchecked.stdout)["stdout"] == "2\n"
+
+
+def test_doctor_says_this_machine_can_sandbox() -> None:
+    result = edgecoder("doctor", "--json")
+    assert result.returncode == 0, result.stdout
+    report = last_json(result.stdout)
+    assert report["ok"] is True and all(check["ok"] for check in report["checks"])
+
+
+def test_cli_refuses_bad_usage_without_a_traceback(tmp_path: Path, code: Path) -> None:
+    loose = tmp_path / "loose.key"
+    loose.write_bytes(b"\x01" * 32)
+    loose.chmod(0o644)
+    result = edgecoder(
+        "offer", "--key", str(loose), "--to", "/ip4/127.0.0.1/tcp/1", "--language", "python", "--code-file", str(code)
+    )
+    assert result.returncode == 2 and "loose permissions" in result.stderr and "Traceback" not in result.stderr
+    both = edgecoder("offer", "--key", str(loose), "--language", "python", "--code-file", str(code))
+    assert both.returncode == 2 and "exactly one of" in both.stderr

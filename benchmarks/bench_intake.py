@@ -43,9 +43,7 @@ def main() -> None:
 
     offerers = [NodeIdentity.generate() for _ in range(50)]
     offers = [
-        TaskOffer.create(offerers[i % 50], language="python", code=f"print({i})", input={"i": i}).sign(
-            offerers[i % 50]
-        )
+        TaskOffer.create(offerers[i % 50], language="python", code=f"print({i})", input={"i": i}).sign(offerers[i % 50])
         for i in range(n)
     ]
     # The raw rate: `cryptography` verifying these very offers' signatures (same keys, same signed bytes), key
@@ -83,10 +81,14 @@ def main() -> None:
         garbage_rate = max(garbage_rate, rate(len(garbage), run_intake(garbage)))
     print(f"offers: {n}, one core")
     print(f"raw Ed25519 verify (cryptography)  {verify_rate:10,.0f} /s")
-    print(f"intake, signed offers admitted     {intake_rate:10,.0f} /s   {intake_rate / verify_rate:6.0%} of raw "
-          f"(target >= 70%)")
-    print(f"intake, garbage rejected           {garbage_rate:10,.0f} /s   {garbage_rate / verify_rate:6.1f}x raw "
-          f"(target >= 10x)")
+    print(
+        f"intake, signed offers admitted     {intake_rate:10,.0f} /s   {intake_rate / verify_rate:6.0%} of raw "
+        f"(target >= 70%)"
+    )
+    print(
+        f"intake, garbage rejected           {garbage_rate:10,.0f} /s   {garbage_rate / verify_rate:6.1f}x raw "
+        f"(target >= 10x)"
+    )
 
 
 if __name__ == "__main__":

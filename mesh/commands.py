@@ -125,7 +125,7 @@ async def run_local(
 
         policy = replace(policy, subset_check=False)
     request = ExecRequest(language=language, code=code, input=input, limits=limits)  # type: ignore[arg-type]
-    return await run_code(request, sandbox=sandbox, origin="local", policy=policy)  # type: ignore[arg-type]
+    return await run_code(request, sandbox=sandbox, origin="local", policy=policy)
 
 
 async def run_doctor() -> dict[str, Any]:

@@ -165,9 +165,7 @@ def _require_version(envelope: Envelope, what: str) -> int:
     if type(version) is not int:
         raise Rejected(Reason.MALFORMED, f"{what}: 'version' must be an integer")
     if version != PROTOCOL_VERSION:
-        raise Rejected(
-            Reason.UNSUPPORTED_VERSION, f"{what} version {version}; this node speaks {PROTOCOL_VERSION}"
-        )
+        raise Rejected(Reason.UNSUPPORTED_VERSION, f"{what} version {version}; this node speaks {PROTOCOL_VERSION}")
     return version
 
 
@@ -261,9 +259,7 @@ class TaskResult:
         }
 
 
-def open_result(
-    raw: bytes, *, expect_executor: bytes | None = None, max_size: int = MAX_RESULT_BYTES
-) -> TaskResult:
+def open_result(raw: bytes, *, expect_executor: bytes | None = None, max_size: int = MAX_RESULT_BYTES) -> TaskResult:
     """Decode and verify a result. With `expect_executor`, the result must come from that key (the claimant)."""
     envelope = open_envelope(Domain.RESULT, raw, max_size=max_size)
     version = _require_version(envelope, "result")

@@ -40,9 +40,7 @@ class Clock:
 
 def make_intake(participating: bool = True, **policy: Any) -> tuple[Intake, Clock]:
     clock = Clock()
-    intake = Intake(
-        IntakePolicy(**policy), participating=lambda: participating, clock_ms=lambda: NOW, monotonic=clock
-    )
+    intake = Intake(IntakePolicy(**policy), participating=lambda: participating, clock_ms=lambda: NOW, monotonic=clock)
     return intake, clock
 
 

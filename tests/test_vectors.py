@@ -19,12 +19,8 @@ from mesh.identity import NodeIdentity
 from mesh.offers import TaskOffer, TaskResult, open_offer, open_result
 
 VECTORS = Path(__file__).parent / "vectors"
-OFFERER_SEED = bytes.fromhex(
-    "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"
-)  # RFC 8032 test 1
-EXECUTOR_SEED = bytes.fromhex(
-    "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb"
-)  # RFC 8032 test 2
+OFFERER_SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")  # RFC 8032 test 1
+EXECUTOR_SEED = bytes.fromhex("4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb")  # RFC 8032 test 2
 ISSUED = 1_800_000_000_000
 
 
@@ -97,9 +93,7 @@ def test_committed_vectors_decode_and_verify() -> None:
     assert open_offer(bytes.fromhex(offer["wire"]), now=ISSUED).offer.offerer.hex() == offer["publicKey"]
     for name in ("result-v1", "result-timeout-v1"):
         result = json.loads((VECTORS / f"{name}.json").read_text())
-        opened = open_result(
-            bytes.fromhex(result["wire"]), expect_executor=bytes.fromhex(result["publicKey"])
-        )
+        opened = open_result(bytes.fromhex(result["wire"]), expect_executor=bytes.fromhex(result["publicKey"]))
         assert opened.offer_id.hex() == "000102030405060708090a0b0c0d0e0f"
 
 

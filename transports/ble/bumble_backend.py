@@ -130,9 +130,7 @@ class BumbleScanner(BaseBleakScanner):
                 uuids.extend(bleak_uuid(u) for u in listed)
         if not self.is_allowed_uuid(uuids):
             return
-        name = data.get(core.AdvertisingData.COMPLETE_LOCAL_NAME) or data.get(
-            core.AdvertisingData.SHORTENED_LOCAL_NAME
-        )
+        name = data.get(core.AdvertisingData.COMPLETE_LOCAL_NAME) or data.get(core.AdvertisingData.SHORTENED_LOCAL_NAME)
         manufacturer: dict[int, bytes] = {}
         for company, payload in data.get_all(core.AdvertisingData.MANUFACTURER_SPECIFIC_DATA):
             manufacturer[company] = bytes(payload)
@@ -289,9 +287,7 @@ class BumbleClient(BaseBleakClient):
         peer = self._require_peer()
         return bytearray(await self._gatt(peer.read_value(descriptor.handle)))
 
-    async def write_gatt_char(
-        self, characteristic: BleakGATTCharacteristic, data: SizedBuffer, response: bool
-    ) -> None:
+    async def write_gatt_char(self, characteristic: BleakGATTCharacteristic, data: SizedBuffer, response: bool) -> None:
         self._require_peer()
         proxy: CharacteristicProxy[bytes] = characteristic.obj
         await self._gatt(proxy.write_value(bytes(data), with_response=response))

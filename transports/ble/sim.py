@@ -152,9 +152,7 @@ class SimulatedRadioHandle:
         scanner, client = bind_central(central)
         return BleBackend(scanner, client, self.thread)
 
-    async def add_offering_peer(
-        self, identity: HasPeerIdentity, offer: bytes, **options: Any
-    ) -> OfferingPeerHandle:
+    async def add_offering_peer(self, identity: HasPeerIdentity, offer: bytes, **options: Any) -> OfferingPeerHandle:
         """See `SimulatedRadio.add_offering_peer`."""
 
         async def add() -> BumbleOfferPeripheral:

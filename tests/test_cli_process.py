@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +219,39 @@ def test_cli_refuses_bad_usage_without_a_traceback(tmp_path: Path, code: Path) -
     assert result.returncode == 2 and "loose permissions" in result.stderr and "Traceback" not in result.stderr
     both = edgecoder("offer", "--key", str(loose), "--language", "python", "--code-file", str(code))
     assert both.returncode == 2 and "exactly one of" in both.stderr
+
+
+def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
+    tmp_path: Path, keys: dict[str, Path], docker_api: Any
+) -> None:
+    from executor.contract import Limits
+    from mesh.coordinator.testing import CoordinatorProcess
+    from mesh.identity import NodeIdentity
+    from mesh.offers import TaskOffer, open_result
+
+    coordinator = CoordinatorProcess(tmp_path / "tasks.sqlite")
+    url = coordinator.start()
+    submitter = NodeIdentity.generate()
+    node = NodeProcess(keys["a"], "--coordinator", url)
+    try:
+        raw = TaskOffer.create(
+            submitter, language="python", code=SUM, input={"xs": [4, 5]}, limits=Limits(timeout_ms=5000)
+        ).sign(submitter)
+        created = httpx.post(f"{url}/tasks", content=raw, timeout=10)
+        assert created.status_code == 201, created.text
+        task_id = created.json()["taskId"]
+        deadline = time.monotonic() + 60
+        while True:
+            status = httpx.get(f"{url}/tasks/{task_id}", timeout=10).json()
+            if status["state"] not in ("queued", "claimed") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status["state"] == "done", status
+        result = open_result(
+            base64.b64decode(status["result"]), expect_executor=NodeIdentity.load(keys["a"]).public_key
+        )
+        assert result.result.ok and result.result.stdout == "9\n"
+    finally:
+        assert node.stop() == 0
+        coordinator.stop()
+    assert containers_of(docker_api, node.ready["peerId"]) == []

@@ -74,15 +74,16 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
 
     print(f"edgecoder demo: {runners} sandboxed nodes, 1 node with SANDBOX_MODE=none, 1 offering laptop")
     async with contextlib.AsyncExitStack() as stack:
-        first = await stack.enter_async_context(MeshNode.open(NodeConfig(identity=NodeIdentity.generate())))
+        # Fixed container labels: the demo's identities are new each run, so a demo that was killed leaves
+        # containers that only a label it reuses can sweep at the next start.
+        first = await stack.enter_async_context(
+            MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), node_label="demo-node-1"))
+        )
         bootstrap = first.addrs[:1]
         nodes = [first]
-        for _ in range(runners - 1):
-            nodes.append(
-                await stack.enter_async_context(
-                    MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), peers=bootstrap))
-                )
-            )
+        for i in range(2, runners + 1):
+            config = NodeConfig(identity=NodeIdentity.generate(), peers=bootstrap, node_label=f"demo-node-{i}")
+            nodes.append(await stack.enter_async_context(MeshNode.open(config)))
         refuser = await stack.enter_async_context(
             MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), peers=bootstrap, sandbox_mode="none"))
         )

@@ -53,6 +53,9 @@ class NodeConfig:
     heartbeat_interval: float = 5.0
     gate_interval: float = 5.0
     claim_redundancy: int = 1
+    # Labels this node's containers, so a restart sweeps what a crash left behind. The PeerID by default: a node
+    # restarted with the same key file finds its own leftovers.
+    node_label: str | None = None
     # Extra keyword arguments for the executor (tests point it at another daemon socket, for instance).
     executor_options: dict[str, Any] = field(default_factory=dict)
 
@@ -104,7 +107,11 @@ class MeshNode:
                 from executor.runner import Executor
 
                 executor = await stack.enter_async_context(
-                    Executor.open(config.executor_policy, node_label=config.identity.peer_id, **config.executor_options)
+                    Executor.open(
+                        config.executor_policy,
+                        node_label=config.node_label or config.identity.peer_id,
+                        **config.executor_options,
+                    )
                 )
             p2p = await stack.enter_async_context(open_host(config.identity, config.listen))
             nursery = await stack.enter_async_context(trio.open_nursery())

@@ -7,6 +7,7 @@ of memory. Time is injected (`now` in seconds, monotonic) so that tests and simu
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 
@@ -50,15 +51,21 @@ class _Bucket:
 
 
 class RateLimiter:
-    """A token bucket per key (peer), refilled at `rate` tokens a second up to `burst`."""
+    """A token bucket per key (an offerer's or an agent's public key), refilled at `rate` a second up to `burst`.
+
+    Key only by identities that have already proven themselves (a verified signature), so that nobody can drain
+    another's bucket by sending forgeries in its name.
+    """
 
     def __init__(self, rate: float, burst: float, max_keys: int = 10_000) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("a token bucket needs a positive rate and a burst of at least one")
         self.rate = rate
         self.burst = burst
         self.max_keys = max_keys
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._buckets: OrderedDict[Hashable, _Bucket] = OrderedDict()
 
-    def allow(self, key: str, now: float) -> bool:
+    def allow(self, key: Hashable, now: float) -> bool:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = _Bucket(self.burst, now)

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from mesh.coordinator import signing
 from mesh.coordinator.errors import Refused
-from mesh.coordinator.ratelimit import TokenBuckets
 from mesh.coordinator.release import disposition_of
 from mesh.identity import NodeIdentity
 from mesh.reasons import Reason
@@ -83,17 +82,6 @@ def test_response_signature_is_bound_to_the_request_nonce() -> None:
     assert not signing.response_signature_valid(IDENTITY.public_key, sig, b"b" * 16, b'{"task": null}')
     assert not signing.response_signature_valid(IDENTITY.public_key, None, b"a" * 16, b'{"task": null}')
     assert not signing.response_signature_valid(IDENTITY.public_key, "zz", b"a" * 16, b'{"task": null}')
-
-
-def test_token_bucket_refills_and_is_per_key() -> None:
-    now = [0.0]
-    buckets = TokenBuckets(rate_per_s=2.0, burst=2, clock=lambda: now[0])
-    assert buckets.take(b"a") and buckets.take(b"a")
-    assert not buckets.take(b"a")
-    assert buckets.take(b"b")
-    now[0] += 0.5
-    assert buckets.take(b"a")
-    assert not buckets.take(b"a")
 
 
 def test_every_reason_has_a_disposition() -> None:

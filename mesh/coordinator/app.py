@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,10 +25,10 @@ from starlette.routing import Route
 from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
 from mesh.coordinator import signing
 from mesh.coordinator.errors import CoordinatorReason, Refused
-from mesh.coordinator.ratelimit import TokenBuckets
 from mesh.coordinator.release import disposition_of
 from mesh.coordinator.store import SANDBOX_MODES, ClaimedTask, Database, SandboxMode, Store
 from mesh.identity import NodeIdentity
+from mesh.limits import RateLimiter
 from mesh.offers import MAX_RESULT_BYTES, open_offer, open_result
 from mesh.reasons import Reason, Rejected
 
@@ -100,8 +101,8 @@ class Coordinator:
         self.identity = identity
         self.settings = settings
         self.clock = clock
-        self.agent_buckets = TokenBuckets(settings.rate_per_s, settings.burst)
-        self.offerer_buckets = TokenBuckets(settings.rate_per_s, settings.burst)
+        self.agent_rates = RateLimiter(settings.rate_per_s, settings.burst)
+        self.offerer_rates = RateLimiter(settings.rate_per_s, settings.burst)
 
     def app(self) -> Starlette:
         return Starlette(
@@ -160,7 +161,7 @@ class Coordinator:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         now = self.clock()
         verified = signing.verify_request(dict(request.headers), request.method, target, body, now=now)
-        if not self.agent_buckets.take(verified.agent):
+        if not self.agent_rates.allow(verified.agent, trio.current_time()):
             raise Refused(CoordinatorReason.RATE_LIMITED, "too many requests from this agent; slow down")
         agent = verified.agent.hex()
         if not await self.db.call(
@@ -236,7 +237,7 @@ class Coordinator:
         except Rejected as exc:
             raise _codec_refusal(exc) from None
         offer = received.offer
-        if not self.offerer_buckets.take(offer.offerer):
+        if not self.offerer_rates.allow(offer.offerer, trio.current_time()):
             raise Refused(CoordinatorReason.RATE_LIMITED, "too many offers from this offerer; slow down")
         task_id = offer.offer_id.hex()
         deadline = offer.expires_at_ms + offer.limits.timeout_ms + self.settings.claim_grace_ms

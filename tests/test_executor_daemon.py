@@ -7,9 +7,7 @@ sandbox and /var/run/docker.sock that the test cuts.
 from __future__ import annotations
 
 import io
-import socket
 import tarfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,64 +19,10 @@ import trio
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
+from simulations.docker_relay import open_relays
 from tests.conftest import containers_of
 
 POLICY = ExecutorPolicy(subset_check=False, pool_size=0)
-REAL_SOCKET = "/var/run/docker.sock"
-
-
-class DaemonRelay:
-    """A unix socket that relays to the real daemon until `cut()` closes everything at once."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        self._listener.listen(16)
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._cut = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"unix://{self.path}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(REAL_SOCKET)
-            with self._lock:
-                if self._cut:
-                    client.close()
-                    upstream.close()
-                    return
-                self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        with self._lock:
-            self._cut = True
-            for sock in [self._listener, *self._sockets]:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
 
 
 @pytest.mark.docker
@@ -86,11 +30,13 @@ class DaemonRelay:
 async def test_daemon_vanishing_mid_run_gives_a_result_and_nothing_hangs(
     docker_api: docker.APIClient, node_label: str, tmp_path: Path, pool_size: int
 ) -> None:
-    relay = DaemonRelay(tmp_path / "docker.sock")
     results: list[ExecResult] = []
     began = time.monotonic()
     with trio.fail_after(20):
-        async with Executor.open(POLICY, node_label=node_label, docker_base_url=relay.url, pool_size=pool_size) as ex:
+        async with (
+            open_relays(tmp_path, 1) as (relay,),
+            Executor.open(POLICY, node_label=node_label, docker_base_url=relay.base_url, pool_size=pool_size) as ex,
+        ):
 
             async def long_run() -> None:
                 request = ExecRequest("python", "import time\nprint('started', flush=True)\ntime.sleep(30)")

@@ -7,6 +7,8 @@ in the same process are untouched):
   reached each node, and the offerers' `pubsub.publish` to stamp when it left. Arrival is stamped before the
   intake's checks, so a node that then refuses the offer (a listener without a sandbox, a rate limit) still counts
   as reached: delivery is gossip's job, admission the intake's.
+- `ExecProbe` wraps a runner's `executor.run_code` to record, for every run the node hands its executor, whether
+  the gate was open when it started and whether any code actually executed (an exit code) or Docker failed it.
 - `SendCounter` wraps `pubsub.write_msg`, the one call through which libp2p's pubsub writes every RPC to a peer
   stream (queued publishes, control messages, IWANT answers), and classifies what each RPC carries.
 """
@@ -80,6 +82,40 @@ class DeliveryProbe:
         if start is None:
             return {}
         return {p: a.at - start for p, a in self.reached(raw).items()}
+
+
+@dataclass(frozen=True)
+class ExecAttempt:
+    peer: str
+    started: float
+    participating: bool  # the node's gate when the worker handed the offer to its executor
+    executed: bool  # the code ran in a container (an exit code), rather than Docker failing or refusing it
+    error_kind: str | None
+
+
+@dataclass
+class ExecProbe:
+    clock: Callable[[], float] = time.monotonic
+    attempts: list[ExecAttempt] = field(default_factory=list)
+
+    def watch(self, node: MeshNode) -> None:
+        executor = node.executor
+        if executor is None:
+            return
+        original = executor.run_code
+        peer_id = node.peer_id
+
+        async def run_code(request: Any, **options: Any) -> Any:
+            started, participating = self.clock(), node.gate.participating
+            result = await original(request, **options)
+            kind = None if result.error_kind is None else str(result.error_kind)
+            self.attempts.append(ExecAttempt(peer_id, started, participating, result.exit_code is not None, kind))
+            return result
+
+        executor.run_code = run_code
+
+    def executed_while_withdrawn(self) -> list[ExecAttempt]:
+        return [a for a in self.attempts if a.executed and not a.participating]
 
 
 @dataclass

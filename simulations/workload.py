@@ -15,7 +15,7 @@ from executor.contract import Limits
 from mesh.node import MeshNode, OfferOutcome
 from mesh.offers import parse_offer
 from simulations.cluster import Cluster, SimNode
-from simulations.probes import DeliveryProbe, SendCounter, mesh_hops
+from simulations.probes import DeliveryProbe, ExecProbe, SendCounter, mesh_hops
 from simulations.progress import Progress
 from simulations.stats import linear_fit, percentile, ratio
 
@@ -40,6 +40,7 @@ class Instruments:
 
     probe: DeliveryProbe = field(default_factory=DeliveryProbe)
     sends: SendCounter = field(default_factory=SendCounter)
+    execs: ExecProbe = field(default_factory=ExecProbe)
     # Every incarnation's `node.ran`: a restarted node is a new MeshNode, and its predecessor's runs still count.
     ran_lists: list[list[bytes]] = field(default_factory=list)
 
@@ -50,6 +51,7 @@ class Instruments:
         self.probe.watch(node)
         self.sends.watch(node)
         self.probe.watch_publisher(node)
+        self.execs.watch(node)
         self.ran_lists.append(node.ran)
 
     def runs_of(self, offer_id: bytes) -> int:

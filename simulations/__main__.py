@@ -1,4 +1,4 @@
-"""`python -m simulations <scenario|all> [--quick] [--nodes N] [--out DIR]`"""
+"""`python -m simulations <scenario|all> [--quick] [--nodes N] [--workers W] [--out DIR]`"""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=None, help="total nodes (each scenario has its own default)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports go to OUT/<scenario>/")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=4, help="worker processes for scaling-procs")
     args = parser.parse_args(argv)
     quiet_logs()
-    options = Options(quick=args.quick, nodes=args.nodes, out=args.out, seed=args.seed)
+    options = Options(quick=args.quick, nodes=args.nodes, out=args.out, seed=args.seed, workers=args.workers)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         started = time.monotonic()

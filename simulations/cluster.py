@@ -101,9 +101,14 @@ class Cluster:
 
     # -- membership --------------------------------------------------------------------------------------------
 
-    async def add(self, role: Role, *, executor_options: dict[str, Any] | None = None) -> SimNode:
-        live = [s.addr for s in self.nodes if s.alive]
-        peers = self.random.sample(live, min(DIALS_PER_NODE, len(live)))
+    async def add(
+        self, role: Role, *, executor_options: dict[str, Any] | None = None, peers: list[str] | None = None
+    ) -> SimNode:
+        """Start a node that dials `peers`, or by default `DIALS_PER_NODE` random live nodes of this cluster (a
+        worker process is told whom to dial: the other nodes live in other processes)."""
+        if peers is None:
+            live = [s.addr for s in self.nodes if s.alive]
+            peers = self.random.sample(live, min(DIALS_PER_NODE, len(live)))
         sim = SimNode(len(self.nodes), role, NodeIdentity.generate(), peers, dict(executor_options or {}))
         self.nodes.append(sim)
         await self._nursery.start(self._serve, sim)

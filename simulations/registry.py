@@ -19,6 +19,7 @@ SCENARIOS = {
     "hostile": "simulations.hostile",
     "ble": "simulations.ble_cluster",
     "scaling": "simulations.scaling",
+    "scaling-procs": "simulations.scaling_procs",
     "model": "simulations.model",
 }
 

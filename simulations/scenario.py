@@ -26,6 +26,7 @@ class Options:
     nodes: int | None = None  # total nodes; each scenario has its own default
     out: Path = DEFAULT_OUT
     seed: int = 1
+    workers: int = 4  # worker processes of `scaling-procs` (more than cores: each event loop also queues)
 
     def n(self, quick: int, full: int) -> int:
         return self.nodes if self.nodes is not None else (quick if self.quick else full)

@@ -46,11 +46,13 @@ class ClaimDesk:
         peers: PeerDirectory,
         *,
         redundancy: int = 1,
+        lease_margin_s: float = LEASE_MARGIN_S,
         capacity: int = 10_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.peers = peers
         self.redundancy = redundancy
+        self.lease_margin_s = lease_margin_s
         self.capacity = capacity
         self._monotonic = monotonic
         self._posted: OrderedDict[bytes, PostedOffer] = OrderedDict()
@@ -91,7 +93,7 @@ class ClaimDesk:
         if len(live) >= self.redundancy:
             posted.refused += 1
             return Rejection(Reason.CLAIM_REFUSED, "already claimed")
-        lease = offer.limits.timeout_ms / 1000 + LEASE_MARGIN_S
+        lease = offer.limits.timeout_ms / 1000 + self.lease_margin_s
         posted.grants = [*live, _Grant(claimant, self._monotonic() + lease)]
         return None
 

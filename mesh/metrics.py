@@ -33,7 +33,9 @@ class NodeMetrics:
             buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
-        self.pool_size = Gauge("edgecoder_pool_ready", "Warm sandbox containers ready", registry=r)
+        # Gauges of live state are read at scrape time (set_function), so there is no copy to keep in step.
+        self.pool_ready = Gauge("edgecoder_pool_ready", "Warm sandbox containers ready", registry=r)
+        self.runs_in_flight = Gauge("edgecoder_runs_in_flight", "Sandbox runs holding a slot", registry=r)
         self.participating = Gauge("edgecoder_participating", "1 while the sandbox gate admits remote work", registry=r)
         self.claims = Counter("edgecoder_claims", "Claims asked for, by outcome", ["outcome"], registry=r)
 

@@ -8,7 +8,9 @@ signs the result and hands it back to the transport that brought the offer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,12 +24,12 @@ if TYPE_CHECKING:
 
 from executor.contract import ErrorKind, ExecRequest, ExecResult, QueueReason, refusal
 from executor.policy import ExecutorPolicy
-from mesh.claims import ClaimDesk
+from mesh.claims import ClaimDesk, PostedOffer
 from mesh.gate import SandboxGate, SandboxMode
 from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
 from mesh.metrics import NodeMetrics
-from mesh.offers import TaskOffer, TaskResult, open_result, parse_offer
+from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 from transports.ble import BleTransport
@@ -53,6 +55,8 @@ class NodeConfig:
     heartbeat_interval: float = 5.0
     gate_interval: float = 5.0
     claim_redundancy: int = 1
+    # How long past the offer's own timeout a claim may go without a result before it lapses.
+    claim_lease_margin_s: float = 15.0
     # Labels this node's containers, so a restart sweeps what a crash left behind. The PeerID by default: a node
     # restarted with the same key file finds its own leftovers.
     node_label: str | None = None
@@ -80,7 +84,13 @@ class MeshNode:
         self.peers = PeerDirectory(stale_after=3.5 * config.heartbeat_interval)
         self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
         self.intake = Intake(config.intake_policy, participating=lambda: self.gate.participating, metrics=self.metrics)
-        self.desk = ClaimDesk(self.peers, redundancy=config.claim_redundancy)
+        self.metrics.participating.set_function(lambda: float(self.gate.participating))
+        if executor is not None:
+            self.metrics.pool_ready.set_function(lambda: float(executor.stats().pool_ready))
+            self.metrics.runs_in_flight.set_function(lambda: float(executor.stats().runs_in_flight))
+        self.desk = ClaimDesk(
+            self.peers, redundancy=config.claim_redundancy, lease_margin_s=config.claim_lease_margin_s
+        )
         self.executor = executor
         self.p2p = p2p
         self.direct = DirectTransport(p2p, self.intake, self.desk)
@@ -127,7 +137,6 @@ class MeshNode:
         # The gate's first verdict comes before any transport opens, so a node that cannot sandbox never
         # subscribes to offers, not even for a moment.
         await self._nursery.start(self.gate.run)
-        self.metrics.participating.set(int(self.gate.participating))
         self.gate.on_change(self._follow_gate)
         await self._nursery.start(self.gossip.run)
         for peer in self.config.peers:
@@ -138,7 +147,6 @@ class MeshNode:
 
     async def _follow_gate(self, participating: bool) -> None:
         """Withdraw from every transport when the sandbox fails; rejoin when it works again."""
-        self.metrics.participating.set(int(participating))
         self.gossip.beat_now()
         if participating:
             await self.gossip.rejoin()
@@ -254,13 +262,42 @@ class MeshNode:
         return OfferOutcome(result=result)
 
     async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0) -> OfferOutcome:
-        """Publish, let exactly one claimant run it, and wait for its verified result."""
-        received = parse_offer(raw)
-        posted = self.desk.post(received)
-        await self.gossip.publish_offer(raw)
-        with trio.move_on_after(timeout):
-            await posted.done.wait()
-        if posted.results:
-            return OfferOutcome(result=posted.results[0])
-        why = "claims lapsed without a result" if self.desk.lapsed(received.offer.offer_id) else "no result in time"
-        return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, why))
+        """Publish, let exactly one claimant run it, and wait for its verified result.
+
+        A claim that lapses without a result (the claimant crashed, or lied) is re-offered under a fresh offer id,
+        while time remains: the old id stays spent in every replay cache, so it cannot be run twice by accident.
+        """
+        deadline = trio.current_time() + timeout
+        attempts: list[PostedOffer] = []  # a late result for an earlier attempt still counts
+        while True:
+            received = parse_offer(raw)
+            offer_id = received.offer.offer_id
+            attempts.append(self.desk.post(received))
+            refusal = await self.gossip.publish_offer(raw)
+            if refusal is not None:
+                return OfferOutcome(refusal=refusal)
+            while not self.desk.lapsed(offer_id) and trio.current_time() < deadline:
+                if any(a.results for a in attempts):
+                    break
+                with trio.move_on_after(0.1):
+                    await attempts[-1].done.wait()
+            for attempt in attempts:
+                if attempt.results:
+                    return OfferOutcome(result=attempt.results[0])
+            lapsed = self.desk.lapsed(offer_id)
+            if not lapsed or trio.current_time() >= deadline or received.offer.offerer != self.identity.public_key:
+                why = "claims lapsed without a result" if lapsed else "no result in time"
+                return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, why))
+            log.info("re-offering after a lapsed claim", offer=offer_id.hex())
+            raw = self._reissue(received.offer)
+
+    def _reissue(self, offer: TaskOffer) -> bytes:
+        """The same work under a new id and a fresh lifetime."""
+        issued = now_ms()
+        fresh = dataclasses.replace(
+            offer,
+            offer_id=os.urandom(OFFER_ID_SIZE),
+            issued_at_ms=issued,
+            expires_at_ms=issued + (offer.expires_at_ms - offer.issued_at_ms),
+        )
+        return fresh.sign(self.identity)

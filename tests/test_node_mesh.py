@@ -265,3 +265,33 @@ def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_pa
                 assert back.ok, back.refusal
 
     run(main)
+
+
+def test_a_claim_that_lapses_without_a_result_is_re_offered_and_runs() -> None:
+    """The only runner claims the first offer and then 'crashes' (drops it); the offerer re-offers, and it runs."""
+
+    async def main() -> None:
+        async with mesh(runners=1, claim_lease_margin_s=0.5) as m:
+            offerer: MeshNode = m["offerer"]
+            runner: MeshNode = m["nodes"][0]
+            honest_handle = runner._handle
+            dropped: list[bytes] = []
+
+            async def claim_then_vanish(job: Any) -> None:
+                if not dropped:
+                    assert await job.delivery.claim()
+                    dropped.append(job.received.offer.offer_id)
+                    return
+                await honest_handle(job)
+
+            runner._handle = claim_then_vanish  # type: ignore[method-assign]
+            raw = offerer.make_offer(
+                language="python", code="print('second time lucky')", limits=Limits(timeout_ms=1000)
+            )
+            outcome = await offerer.offer_gossip(raw, timeout=30)
+            assert outcome.result is not None, outcome.refusal
+            assert outcome.result.result.stdout == "second time lucky\n"
+            assert dropped == [offer_id(raw)] and outcome.result.offer_id != offer_id(raw)
+            assert len(runner.ran) == 1
+
+    run(main)

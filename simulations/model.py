@@ -20,6 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from mesh.node import NodeConfig
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options
@@ -34,9 +35,26 @@ DEFAULT_PER_HOP_S = 0.010
 DEFAULT_AMPLIFICATION = 3.3
 HEARTBEAT_BYTES = 420  # one signed heartbeat RPC as measured (msgpack body plus libp2p's signed envelope)
 FORWARD_LIMIT = 50.0  # transports/gossip.py FORWARD_LIMIT_PER_TOPIC
+HEARTBEAT_INTERVAL_S = NodeConfig.heartbeat_interval
+# CPU py-libp2p spends per pubsub message received (Noise, yamux frames, signature check): measured by
+# `scaling-procs` (idle CPU over heartbeat messages); this default is the lead's figure.
+DEFAULT_CPU_MS_PER_MESSAGE = 3.0
 
 
 def calibration(out: Path) -> dict[str, float]:
+    cal = _gossip_calibration(out)
+    cal["cpu_ms_per_message"] = DEFAULT_CPU_MS_PER_MESSAGE
+    procs = out / "scaling-procs" / "calibration.json"
+    if procs.exists():
+        # The largest clusters that still delivered everything: the per-message figure least diluted by fixed costs.
+        rows = [r for r in json.loads(procs.read_text()) if r["delivery_ratio"] >= 0.999]
+        figures = [r["idle_cpu_ms_per_message"] for r in rows if math.isfinite(r["idle_cpu_ms_per_message"])]
+        if figures:
+            cal["cpu_ms_per_message"] = figures[-1]
+    return cal
+
+
+def _gossip_calibration(out: Path) -> dict[str, float]:
     path = out / "scaling" / "calibration.json"
     if path.exists():
         rows = [r for r in json.loads(path.read_text()) if r["delivery_ratio"] >= 0.999]
@@ -90,8 +108,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
             mesh = random_mesh(n, rng)
             times = delivery_times(mesh, cal["per_hop_s"], WAN_ONE_WAY_S, rng)
             reached = [t for t in times if math.isfinite(t)]
-            heartbeats_in = n  # every node's heartbeat reaches every node once a second (interval 1 s)
-            per_neighbour = n / DEGREE  # what each mesh neighbour forwards to us, per second
+            heartbeats_in = n / HEARTBEAT_INTERVAL_S  # every node's heartbeat reaches every node, each interval
+            per_neighbour = heartbeats_in / DEGREE  # what each mesh neighbour forwards to us, per second
             rows.append(
                 {
                     "nodes": n,
@@ -102,6 +120,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
                     "heartbeats_in_per_s": heartbeats_in,
                     "heartbeat_kbit_s": heartbeats_in * cal["amplification"] * HEARTBEAT_BYTES * 8 / 1000,
                     "over_forward_limit": per_neighbour > FORWARD_LIMIT,
+                    # Copies received, not distinct heartbeats: every copy is decrypted and parsed before dedup.
+                    "heartbeat_cores": heartbeats_in * cal["amplification"] * cal["cpu_ms_per_message"] / 1000,
                     "claims_per_offer_if_half_run": n // 2,
                 }
             )
@@ -110,7 +130,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     report.text(
         f"Calibration ({source}): per-hop latency {cal['per_hop_s'] * 1000:.1f} ms, amplification "
         f"{cal['amplification']:.2f} copies per delivery; plus an assumed {WAN_ONE_WAY_S * 1000:.0f} ms wide-area "
-        "one-way delay per hop. Mesh degree 6 as configured."
+        f"one-way delay per hop. Mesh degree 6 as configured. Heartbeat every {HEARTBEAT_INTERVAL_S:g} s; "
+        f"{cal['cpu_ms_per_message']:.2f} ms of CPU per message received."
     )
     report.table(
         [
@@ -122,6 +143,7 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
             "heartbeats in /node/s",
             "heartbeat kbit/s/node",
             "past forward limit",
+            "heartbeat CPU /node (cores)",
             "claim requests per offer (half run)",
         ],
         [
@@ -134,6 +156,7 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
                 r["heartbeats_in_per_s"],
                 f"{r['heartbeat_kbit_s']:.0f}",
                 r["over_forward_limit"],
+                f"{r['heartbeat_cores']:.2f}",
                 r["claims_per_offer_if_half_run"],
             )
             for r in rows
@@ -141,9 +164,11 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     )
     report.text(
         "What this says: offer delivery scales (latency grows with log N: about log_5 N hops), but two parts of the "
-        "current design do not. Heartbeats are global: every node receives every node's heartbeat each second, so "
-        "inbound heartbeats grow as N per node and N² in total, and past ~300 nodes (50/s per forwarding neighbour × "
-        "6 neighbours) libp2p's per-topic forward limit drops them silently, so offerers stop seeing runners. And "
+        "current design do not. Heartbeats are global: every node receives every node's heartbeat each interval, so "
+        "inbound heartbeats grow as N per node and N² in total. Each copy costs CPU before it is recognised as a "
+        "duplicate, so one node spends a whole core on heartbeats alone at a few hundred nodes (the column above), "
+        "and past ~1,500 nodes at a 5 s interval (50/s per forwarding neighbour × 6 neighbours × 5 s) libp2p's "
+        "per-topic forward limit drops them silently, so offerers stop seeing runners. And "
         "claims are unbounded: every idle runner that hears an offer asks the offerer for the claim, so one offer "
         "costs the offerer a claim stream per runner. Both need a change in mesh/ (sampled or regional heartbeats, "
         "claim back-off by distance or a random claim delay) before internet scale."

@@ -7,6 +7,7 @@ that matters is total CPU (all processes) against the cores there are.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -27,26 +28,38 @@ from simulations.workload import SHORT_TASK
 OFFERS_PER_SIZE = 10
 OFFER_RATE = 2.0
 DELIVERY_WINDOW = 3.0  # seconds after its publish within which an arrival counts, as in `scaling`
-IDLE_WINDOW = 10.0  # two heartbeat intervals with no offers: what the mesh costs at rest
+IDLE_WINDOW = 10.0  # two heartbeat intervals with no offers: what the mesh costs at rest (quick: 2 s)
 
 
 async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     top = options.n(quick=10, full=40)
     sizes = sorted({s for s in (8, 16, 24, 32, 40, 48) if s <= top} | {top})
     workers = options.workers
+    idle_window = 2.0 if options.quick else IDLE_WINDOW
     report = options.report(
         "scaling-procs", f"Gossip delivery against cluster size, nodes spread over {workers} worker processes"
     )
     rows = []
     for size in sizes:
-        rows.append(await _measure(size, workers, random.Random(options.seed)))
+        rows.append(await _measure(size, workers, idle_window, random.Random(options.seed)))
     report.text(
         f"{workers} worker processes host the listeners (round robin); the offerer is in the parent. {os.cpu_count()} "
-        f"cores. Idle CPU is measured over {IDLE_WINDOW:g} s without offers (heartbeats only); busy CPU while "
+        f"cores. Idle CPU is measured over {idle_window:g} s without offers (heartbeats only); busy CPU while "
         f"{OFFERS_PER_SIZE} offers are published at {OFFER_RATE:g}/s. CPU is summed over every process, in cores."
     )
     report.table(
-        ["nodes", "formed s", "delivery", "p50 ms", "p99 ms", "idle CPU", "busy CPU", "max one process"],
+        [
+            "nodes",
+            "formed s",
+            "delivery",
+            "p50 ms",
+            "p99 ms",
+            "idle CPU",
+            "idle msgs/s",
+            "CPU ms/msg",
+            "busy CPU",
+            "max one process",
+        ],
         [
             (
                 r["nodes"],
@@ -55,6 +68,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
                 r["latency_p50"] * 1000,
                 r["latency_p99"] * 1000,
                 f"{r['idle_cores']:.2f}",
+                f"{r['idle_messages_per_s']:.0f}",
+                f"{r['idle_cpu_ms_per_message']:.2f}",
                 f"{r['busy_cores']:.2f}",
                 f"{r['max_process_cores']:.2f}",
             )
@@ -70,11 +85,13 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         ax.set_ylim(0, 1.1)
         ax.legend()
 
+    # Read by `simulations.model` for the CPU each received message costs.
+    (report.out_dir / "calibration.json").write_text(json.dumps(rows, indent=1))
     report.figure("procs_delivery_cpu.png", f"Delivery and CPU against nodes, {workers} worker processes", draw)
     return report, {"rows": rows}
 
 
-async def _measure(size: int, worker_count: int, rng: random.Random) -> dict[str, Any]:
+async def _measure(size: int, worker_count: int, idle_window: float, rng: random.Random) -> dict[str, Any]:
     async with open_workers(worker_count) as workers, open_cluster() as cluster:
         addrs: list[str] = []
         for i in range(size - 1):
@@ -91,7 +108,7 @@ async def _measure(size: int, worker_count: int, rng: random.Random) -> dict[str
         formed = await _wait_formed(workers, offerer, size - 1, timeout=60)
         formed_s = time.monotonic() - started if formed else float("nan")
 
-        idle = await _cpu_window(workers, trio.sleep, IDLE_WINDOW)
+        idle = await _cpu_window(workers, trio.sleep, idle_window)
         raws: list[bytes] = []
 
         async def publish() -> None:
@@ -127,6 +144,8 @@ async def _measure(size: int, worker_count: int, rng: random.Random) -> dict[str
         "idle_cores": idle["cores"],
         "busy_cores": busy["cores"],
         "max_process_cores": busy["max_process_cores"],
+        "idle_messages_per_s": idle["messages_per_s"],
+        "idle_cpu_ms_per_message": idle["cpu_ms_per_message"],
     }
 
 
@@ -143,13 +162,30 @@ async def _wait_formed(workers: list[WorkerProcess], offerer: MeshNode, listener
 
 
 async def _cpu_window(workers: list[WorkerProcess], body: Any, *args: Any) -> dict[str, float]:
-    """Run `body(*args)` and return the CPU it coincided with, in cores: every worker's and this process's."""
+    """Run `body(*args)` and return the CPU it coincided with, in cores (every worker's and this process's), and
+    the pubsub messages the workers' nodes sent meanwhile: each one sent is one received, so CPU per message
+    received is about their ratio (the parent's single offerer adds a little to the CPU, none to the count)."""
 
     async def cpu_of_workers() -> list[float]:
         return [(await w.request("state"))["cpu_s"] for w in workers]
 
+    async def messages_sent() -> int:
+        total = 0
+        for w in workers:
+            sends = await w.request("sends")
+            total += sends.get("offer_copies", 0) + sends.get("heartbeat_copies", 0)
+        return total
+
+    sent_before = await messages_sent()
     before, parent_before, wall_before = await cpu_of_workers(), time.process_time(), time.monotonic()
     await body(*args)
     after, parent_after, wall = await cpu_of_workers(), time.process_time(), time.monotonic() - wall_before
+    messages = await messages_sent() - sent_before
     per_process = [(b - a) / wall for a, b in zip(before, after, strict=True)] + [(parent_after - parent_before) / wall]
-    return {"cores": sum(per_process), "max_process_cores": max(per_process)}
+    cores = sum(per_process)
+    return {
+        "cores": cores,
+        "max_process_cores": max(per_process),
+        "messages_per_s": messages / wall,
+        "cpu_ms_per_message": ratio(cores * wall * 1000, messages),
+    }

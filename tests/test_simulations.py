@@ -26,6 +26,15 @@ def test_scaling_delivers_every_offer_to_every_listener_without_faults(tmp_path:
     assert all(row["delivery_ratio"] == 1.0 for row in figures["rows"])
 
 
+def test_nodes_in_worker_processes_receive_every_offer(tmp_path: Path) -> None:
+    quiet_logs()
+    report, figures = trio.run(scenario("scaling-procs"), Options(quick=True, nodes=8, workers=2, out=tmp_path))
+    report.write()
+    (row,) = figures["rows"]
+    assert row["formed"] and row["delivery_ratio"] == 1.0
+    assert row["busy_cores"] > 0 and all(p.exists() for p in report.figures)
+
+
 def test_model_runs_from_the_calibration(tmp_path: Path) -> None:
     figures = run_quick("model", tmp_path)
     assert all(row["delivery_ratio"] > 0.99 for row in figures["rows"])

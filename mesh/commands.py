@@ -73,6 +73,7 @@ async def run_node(options: NodeOptions) -> None:
             )
             async for signum in signals:
                 log.info("shutting down", signal=signal.Signals(signum).name)
+                await node.drain()
                 nursery.cancel_scope.cancel()
                 break
     print(json.dumps({"event": "stopped"}), flush=True)

@@ -109,6 +109,8 @@ class Intake:
             self._send.send_nowait(job)
         except trio.WouldBlock:
             return self._refuse(delivery.transport, Rejection(Reason.BUSY, "the intake queue is full"))
+        except trio.ClosedResourceError:
+            return self._refuse(delivery.transport, Rejection(Reason.SHUTTING_DOWN, "the node is shutting down"))
         self.admitted[delivery.transport] += 1
         self.metrics.offer_admitted(delivery.transport)
         return Admitted(received.offer.offer_id)

@@ -104,6 +104,9 @@ class MeshNode:
             heartbeat_interval=config.heartbeat_interval,
         )
         self._nursery = nursery
+        self._draining = False
+        self._workers_left = 0
+        self._workers_done = trio.Event()
         self.ran: list[bytes] = []  # offer ids this node executed, for tests and simulations
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -142,8 +145,11 @@ class MeshNode:
         for peer in self.config.peers:
             await self.p2p.connect(peer)
         workers = self.config.executor_policy.max_concurrent if self.executor is not None else 0
+        self._workers_left = workers
         for _ in range(workers):
             self._nursery.start_soon(self._work)
+        if not workers:
+            self._workers_done.set()
 
     async def _follow_gate(self, participating: bool) -> None:
         """Withdraw from every transport when the sandbox fails; rejoin when it works again."""
@@ -190,12 +196,30 @@ class MeshNode:
     # -- the worker: claim, run, sign, reply -------------------------------------------------------------------
 
     async def _work(self) -> None:
-        async for job in self.intake.jobs:
-            await self._handle(job)
+        try:
+            async for job in self.intake.jobs:
+                await self._handle(job)
+        finally:
+            self._workers_left -= 1
+            if self._workers_left == 0:
+                self._workers_done.set()
+
+    async def drain(self, grace: float = 5.0) -> None:
+        """Shut down gracefully: take no more offers, abort the runs in flight, and give the workers `grace`
+        seconds to send each offerer its signed `aborted` result. Leaving `open` afterwards removes every container.
+        """
+        self._draining = True
+        self.intake.close()  # the workers finish the queue (answering `aborted`) and then stop
+        if self.executor is not None:
+            self.executor.abort_all()
+        with trio.move_on_after(grace):
+            await self._workers_done.wait()
 
     async def _handle(self, job: Job) -> None:
         offer = job.received.offer
-        if not self.gate.participating:
+        if self._draining:
+            result = refusal("node shutting down", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED)
+        elif not self.gate.participating:
             # Admitted before the gate closed: the offerer still gets a signed, typed answer.
             result = refusal(
                 "sandbox_unavailable",

@@ -23,11 +23,14 @@ class Reason(enum.StrEnum):
     SANDBOX_REQUIRED = "sandbox_required_for_remote_task"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     BUSY = "busy"
+    SHUTTING_DOWN = "shutting_down"
     # Claims and results.
     CLAIM_REFUSED = "claim_refused"
     UNKNOWN_OFFER = "unknown_offer"
     WRONG_EXECUTOR = "wrong_executor"
     TIMEOUT = "timeout"
+    # The peer could not be dialled or the link dropped: nobody answered, which is not the same as a refusal.
+    UNREACHABLE = "unreachable"
 
 
 @dataclass(frozen=True, slots=True)

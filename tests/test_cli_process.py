@@ -159,6 +159,36 @@ def test_two_nodes_and_an_offer_through_the_cli(
         assert containers_of(docker_api, label) == []
 
 
+def test_sigterm_mid_run_aborts_the_run_answers_the_offerer_and_leaves_no_container(
+    keys: dict[str, Path], tmp_path: Path, docker_api: Any
+) -> None:
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    port = free_port()
+    node = NodeProcess(keys["a"], "--metrics-port", str(port))
+    offer = subprocess.Popen(
+        [*CLI, "offer", "--key", str(keys["offerer"]), "--to", node.addr, "--language", "python",
+         "--code-file", str(slow), "--timeout-ms", "30000"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "edgecoder_runs_in_flight 1.0" not in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text:
+            assert time.monotonic() < deadline, "the offer never started running"
+            time.sleep(0.1)
+        began = time.monotonic()
+        assert node.stop(signal.SIGTERM) == 0
+        assert time.monotonic() - began < 15
+        out, _ = offer.communicate(timeout=30)
+    finally:
+        offer.kill()
+        node.stop(signal.SIGKILL)
+    answer = last_json(out)
+    assert answer["ok"] is False
+    assert answer.get("errorKind") == "aborted" or answer.get("refusal") in ("shutting_down", "unreachable")
+    assert containers_of(docker_api, node.ready["peerId"]) == []
+
+
 def test_a_sandbox_mode_none_node_refuses_and_says_so(keys: dict[str, Path], code: Path) -> None:
     env = {**os.environ, "SANDBOX_MODE": "none"}
     refuser = NodeProcess(keys["refuser"], env=env)

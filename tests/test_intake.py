@@ -194,3 +194,9 @@ def test_the_gossip_validator_is_stateless_and_spares_the_second_verify(monkeypa
     body, _ = msgpack.unpackb(good)
     monkeypatch.undo()
     assert reason(intake.validate(pack([body, bytes(64)]))) == Reason.BAD_SIGNATURE
+
+
+def test_a_closed_intake_refuses_with_shutting_down() -> None:
+    intake, _ = make_intake()
+    intake.close()
+    assert reason(deliver(intake, offer())) == Reason.SHUTTING_DOWN

@@ -193,7 +193,7 @@ def test_an_unreachable_peer_is_a_refusal_not_an_exception() -> None:
         async with pair() as p:
             absent = NodeIdentity.generate().peer_id
             answer = await p.client_direct.send_offer(f"/ip4/127.0.0.1/tcp/1/p2p/{absent}", OFFER)
-            assert answer.refusal is not None and answer.refusal.reason is Reason.TIMEOUT
+            assert answer.refusal is not None and answer.refusal.reason is Reason.UNREACHABLE
             assert await p.client_direct.request_claim(absent, bytes(16)) is not None
 
     run_trio(main)

@@ -271,13 +271,13 @@ class DirectTransport:
             peer_id = await self.host.ensure_connected(peer)
             stream = await self.host.open_stream(peer_id, protocol)
         except DialError as exc:
-            return Rejection(Reason.TIMEOUT, f"unreachable: {exc}")
+            return Rejection(Reason.UNREACHABLE, str(exc))
         try:
             try:
                 with trio.fail_after(WRITE_TIMEOUT):
                     await write_frame(stream, payload)
             except (Exception, trio.TooSlowError) as exc:
-                return Rejection(Reason.TIMEOUT, f"could not send to {peer_id}: {type(exc).__name__}")
+                return Rejection(Reason.UNREACHABLE, f"could not send to {peer_id}: {type(exc).__name__}")
             try:
                 frame = await read_frame(stream, max_len=max_answer, timeout=answer_timeout)
             except FrameError as exc:

@@ -259,7 +259,7 @@ class GossipTransport:
                 rejection = await direct.request_claim(target, offer.offer_id)
                 if rejection is None:
                     return True
-                if not rejection.detail.startswith("unreachable"):
+                if rejection.reason != Reason.UNREACHABLE:
                     return False  # the offerer answered: no
             return False
 
@@ -269,7 +269,7 @@ class GossipTransport:
                 last = await direct.send_result(target, result)
                 if last is None:
                     return
-                if not last.detail.startswith("unreachable"):
+                if last.reason != Reason.UNREACHABLE:
                     break
             raise ReplyError(f"the offerer did not take the result: {last}")
 

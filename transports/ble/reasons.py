@@ -36,10 +36,9 @@ _AS_REASON: dict[BleReason, Reason] = {
     BleReason.UNSUPPORTED_VERSION: Reason.UNSUPPORTED_VERSION,
     BleReason.TIMEOUT: Reason.TIMEOUT,
     BleReason.CLAIM_REFUSED: Reason.CLAIM_REFUSED,
-    # The shared set has no "transport fault" code yet: a link that drops is closest to a timeout (nothing
-    # arrived in time), and everything else is bytes that did not decode.
-    BleReason.DISCONNECTED: Reason.TIMEOUT,
-    BleReason.CONNECT_FAILED: Reason.TIMEOUT,
+    # A link that drops or never comes up is unreachable; everything else is bytes that did not decode.
+    BleReason.DISCONNECTED: Reason.UNREACHABLE,
+    BleReason.CONNECT_FAILED: Reason.UNREACHABLE,
 }
 
 

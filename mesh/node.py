@@ -107,7 +107,7 @@ class MeshNode:
         self._draining = False
         self._workers_left = 0
         self._workers_done = trio.Event()
-        self.ran: list[bytes] = []  # offer ids this node executed, for tests and simulations
+        self.ran: list[bytes] = []  # offer ids whose code this node ran in a container, for tests and simulations
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -247,7 +247,8 @@ class MeshNode:
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # Origin is fixed here, by the node, for everything that came through the intake.
         result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin="remote")
-        self.ran.append(offer.offer_id)
+        if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
+            self.ran.append(offer.offer_id)
         self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()
         self.metrics.run_seconds.observe(result.duration_ms / 1000)
         if result.queue_for_cloud:

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     # The installed trio-stubs (which mypy prefers to trio's own hints) know TaskStatus only from trio_typing.
     from trio_typing import TaskStatus
 
+    from transports.ble import BleTransport
+    from transports.ble.sim import SimulatedRadioHandle
+
 from executor.contract import ErrorKind, ExecRequest, ExecResult, QueueReason, refusal
 from executor.policy import ExecutorPolicy
 from mesh.claims import ClaimDesk, PostedOffer
@@ -32,8 +35,6 @@ from mesh.metrics import NodeMetrics
 from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
-from transports.ble import BleTransport
-from transports.ble.sim import SimulatedRadioHandle
 from transports.direct import DirectTransport
 from transports.gossip import GossipTransport
 from transports.p2p import P2PHost, open_host
@@ -169,6 +170,8 @@ class MeshNode:
 
         The BLE transport follows `intake.participating`, so it stops scanning while the gate is closed.
         """
+        from transports.ble import BleTransport  # bleak and bumble cost half a second: only for BLE nodes
+
         backend = await radio.central_backend() if radio is not None else None
         async with BleTransport.open(self.intake, claimant_peer_id=self.peer_id, backend=backend) as transport:
             task_status.started(transport)

@@ -239,6 +239,15 @@ class MeshNode:
             if not granted:
                 return
             result = await self._run(offer)
+        log.info(
+            "offer answered",
+            offer=offer.offer_id.hex(),
+            transport=job.delivery.transport,
+            ok=result.ok,
+            error_kind=result.error_kind and str(result.error_kind),
+            queue_reason=result.queue_reason,
+            duration_ms=result.duration_ms,
+        )
         signed = TaskResult(offer.offer_id, job.received.digest, self.identity.public_key, result).sign(self.identity)
         try:
             await job.delivery.reply(signed)

@@ -172,9 +172,13 @@ class BleCentral:
         try:
             async with asyncio.TaskGroup() as sessions:
                 self._sessions = sessions
-                await asyncio.Event().wait()  # until cancelled: sessions are started by advertisements
+                try:
+                    await asyncio.Event().wait()  # until cancelled: sessions are started by advertisements
+                finally:
+                    # Before the group starts shutting down: an advertisement arriving now must not hand it a task
+                    # it would refuse (leaving the session coroutine never awaited).
+                    self._sessions = None
         finally:
-            self._sessions = None
             with contextlib.suppress(Exception):
                 await self._set_scanning(False)
 

@@ -31,12 +31,23 @@ class GateStatus:
     detail: str = ""
 
 
+class HealthReport(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def detail(self) -> str: ...
+
+
 class SandboxProbe(Protocol):
-    """What the gate needs of the executor. Both return an object with `ok`, `reason` and `detail`."""
+    """What the gate needs of the executor (`executor.runner.Executor` is one)."""
 
-    async def health(self) -> GateStatus: ...
+    async def health(self) -> HealthReport: ...
 
-    async def canary(self) -> GateStatus: ...
+    async def canary(self) -> HealthReport: ...
 
 
 def sandbox_mode_from_env(environ: dict[str, str] | None = None) -> SandboxMode:
@@ -76,7 +87,7 @@ class SandboxGate:
         """Run the checks once and tell the listeners if participation changed."""
         if self.mode == "none" or self._probe is None:
             return self.status
-        status = await self._probe.health()
+        status: HealthReport = await self._probe.health()
         if status.ok:
             status = await self._probe.canary()
         if status.ok:

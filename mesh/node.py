@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     # The installed trio-stubs (which mypy prefers to trio's own hints) know TaskStatus only from trio_typing.
     from trio_typing import TaskStatus
 
+    from executor.runner import Executor
     from transports.ble import BleTransport
     from transports.ble.sim import SimulatedRadioHandle
 
@@ -78,7 +79,7 @@ class OfferOutcome:
 
 
 class MeshNode:
-    def __init__(self, config: NodeConfig, nursery: trio.Nursery, p2p: P2PHost, executor: Any | None) -> None:
+    def __init__(self, config: NodeConfig, nursery: trio.Nursery, p2p: P2PHost, executor: Executor | None) -> None:
         self.config = config
         self.identity = config.identity
         self.metrics = NodeMetrics()

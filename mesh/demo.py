@@ -42,11 +42,11 @@ def _line(title: str, outcome: OfferOutcome, elapsed_ms: float, names: dict[byte
         who = names.get(outcome.result.executor, _short(outcome.result.executor.hex()))
         status = "ok" if r.ok else f"FAILED ({r.error_kind})"
         text = (r.stdout or r.stderr).strip().replace("\n", " | ")
-        print(f"  {title:<34} {status:<8} by {who:<9} run {r.duration_ms:>4} ms, end to end {elapsed_ms:>5.0f} ms")
-        print(f"  {'':<34} └ {text[:100]}")
+        print(f"  {title:<36} {status:<8} by {who:<9} run {r.duration_ms:>4} ms, end to end {elapsed_ms:>5.0f} ms")
+        print(f"  {'':<36} └ {text[:100]}")
     else:
         assert outcome.refusal is not None
-        print(f"  {title:<34} refused  {outcome.refusal.reason}: {outcome.refusal.detail}")
+        print(f"  {title:<36} refused  {outcome.refusal.reason}: {outcome.refusal.detail}")
 
 
 async def _timed(fn: Callable[[], Awaitable[OfferOutcome]]) -> tuple[OfferOutcome, float]:
@@ -109,7 +109,7 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         outcome, ms = await _timed(lambda: laptop.offer_gossip(offer, timeout=30))
         _line("gossip offer, claimed by one node", outcome, ms, names)
         ran = sum(n.ran.count(open_offer_id(offer)) for n in nodes)
-        print(f"  {'':<34} └ ran on exactly {ran} node(s); other claims refused: {_refused(laptop, offer)}")
+        print(f"  {'':<36} └ ran on exactly {ran} node(s); other claims refused: {_refused(laptop, offer)}")
         expect(outcome.ok and ran == 1, "the gossip offer runs exactly once")
 
         direct = laptop.make_offer(language="javascript", code=FIB_JS, input={"n": 90})

@@ -16,5 +16,5 @@ def test_the_demo_holds_every_expectation(capsys: pytest.CaptureFixture[str]) ->
     assert "ran on exactly 1 node(s)" in out
     assert "sandbox_unavailable" in out and "sandbox_required_for_remote_task" in out
     assert "bad_signature" in out and "replayed" in out
-    assert "BLE offer from a nearby laptop     ok" in out
+    assert "BLE offer from a nearby laptop       ok" in out
     assert "Every expectation held." in out

@@ -112,7 +112,7 @@ class ExecProbe:
             self.attempts.append(ExecAttempt(peer_id, started, participating, result.exit_code is not None, kind))
             return result
 
-        executor.run_code = run_code
+        executor.run_code = run_code  # type: ignore[method-assign]
 
     def executed_while_withdrawn(self) -> list[ExecAttempt]:
         return [a for a in self.attempts if a.executed and not a.participating]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -20,6 +21,9 @@ from mesh.identity import public_key_of_peer_id
 from mesh.offers import ReceivedOffer, TaskResult, open_result
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
+
+# Asks a peer for its current heartbeat over a direct stream: the heartbeat, or why not.
+AskStatus = Callable[[str], Awaitable[dict[str, Any] | Rejection]]
 
 # Beyond the offer's own timeout: the claimant's queueing, container start and the trip back.
 LEASE_MARGIN_S = 15.0
@@ -47,12 +51,14 @@ class ClaimDesk:
         *,
         redundancy: int = 1,
         lease_margin_s: float = LEASE_MARGIN_S,
+        ask_status: AskStatus | None = None,
         capacity: int = 10_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.peers = peers
         self.redundancy = redundancy
         self.lease_margin_s = lease_margin_s
+        self._ask_status = ask_status
         self.capacity = capacity
         self._monotonic = monotonic
         self._posted: OrderedDict[bytes, PostedOffer] = OrderedDict()
@@ -83,6 +89,13 @@ class ClaimDesk:
         if time.time() * 1000 > offer.expires_at_ms:
             return Rejection(Reason.EXPIRED, "the offer has expired")
         mode = self.peers.sandbox_mode(claimant)
+        if mode is None and self._ask_status is not None:
+            # Heartbeats are flooded only every few seconds; rather than wait for the next one, ask the claimant
+            # itself. The answer comes over its own authenticated stream and is checked like any heartbeat.
+            status = await self._ask_status(claimant)
+            if not isinstance(status, Rejection):
+                self.peers.observe(claimant, status)
+                mode = self.peers.sandbox_mode(claimant)
         if mode != "docker":
             posted.refused += 1
             why = "no fresh heartbeat from the claimant" if mode is None else "the claimant reports sandboxMode: none"

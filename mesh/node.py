@@ -51,10 +51,11 @@ class NodeConfig:
     sandbox_mode: SandboxMode = "docker"
     executor_policy: ExecutorPolicy = field(default_factory=ExecutorPolicy.from_env)
     intake_policy: IntakePolicy = field(default_factory=IntakePolicy)
-    # Every heartbeat is flooded to the whole mesh, so the mesh carries N² / interval of them: py-libp2p spends about
-    # 3 ms of CPU per message received, and at 1 s a single process saturates near a dozen nodes. Presence does not
-    # need more than this; a change of sandbox mode is announced at once (`beat_now`).
-    heartbeat_interval: float = 5.0
+    # Every heartbeat is flooded to the whole mesh, so the mesh carries N² x degree / interval of them, and py-libp2p
+    # spends 3-4 ms of CPU per message received: at 1 s one process saturates near a dozen nodes, at 5 s two cores
+    # near two dozen. Heartbeats are for presence and capacity; a change of sandbox mode is announced at once
+    # (`beat_now`), and an offerer that has no fresh heartbeat of a claimant asks the claimant directly.
+    heartbeat_interval: float = 15.0
     gate_interval: float = 5.0
     claim_redundancy: int = 1
     # How long past the offer's own timeout a claim may go without a result before it lapses.
@@ -91,11 +92,14 @@ class MeshNode:
             self.metrics.pool_ready.set_function(lambda: float(executor.stats().pool_ready))
             self.metrics.runs_in_flight.set_function(lambda: float(executor.stats().runs_in_flight))
         self.desk = ClaimDesk(
-            self.peers, redundancy=config.claim_redundancy, lease_margin_s=config.claim_lease_margin_s
+            self.peers,
+            redundancy=config.claim_redundancy,
+            lease_margin_s=config.claim_lease_margin_s,
+            ask_status=lambda peer: self.direct.request_status(peer),
         )
         self.executor = executor
         self.p2p = p2p
-        self.direct = DirectTransport(p2p, self.intake, self.desk)
+        self.direct = DirectTransport(p2p, self.intake, self.desk, status=self.heartbeat)
         self.gossip = GossipTransport(
             p2p,
             self.intake,
@@ -271,9 +275,12 @@ class MeshNode:
     # -- the offerer's side ------------------------------------------------------------------------------------
 
     async def wait_for_runner(self, *, timeout: float) -> bool:
-        """Wait until some peer's fresh heartbeat says it can sandbox: only such a peer can be granted a claim."""
+        """Wait until some peer takes offers: it is subscribed to the offers topic (known at once on connect), or
+        its heartbeat says it can sandbox. Publishing before that would reach nobody."""
         with trio.move_on_after(timeout):
-            while not any(h.sandbox_mode == "docker" for h in self.peers.fresh()):
+            while not self.gossip.offer_subscribers() and not any(
+                h.sandbox_mode == "docker" for h in self.peers.fresh()
+            ):
                 await trio.sleep(0.05)
             return True
         return False

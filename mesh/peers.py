@@ -57,6 +57,9 @@ class PeerDirectory:
             del self._latest[oldest.peer_id]
         self._latest[peer_id] = heartbeat
 
+    def forget(self, peer_id: str) -> None:
+        self._latest.pop(peer_id, None)
+
     def get(self, peer_id: str) -> Heartbeat | None:
         heartbeat = self._latest.get(peer_id)
         if heartbeat is None or self._monotonic() - heartbeat.seen_at > self.stale_after:

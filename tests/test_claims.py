@@ -11,7 +11,7 @@ from mesh.claims import LEASE_MARGIN_S, ClaimDesk
 from mesh.identity import NodeIdentity
 from mesh.offers import TaskOffer, TaskResult, parse_offer
 from mesh.peers import PeerDirectory
-from mesh.reasons import Reason
+from mesh.reasons import Reason, Rejection
 
 OFFERER = NodeIdentity.generate()
 RUNNER_A = NodeIdentity.generate()
@@ -118,3 +118,33 @@ def test_heartbeats_are_validated_bounded_and_go_stale() -> None:
     assert len(peers.fresh()) == 2 and peers.get(RUNNER_A.peer_id) is None
     clock.t += 6
     assert peers.sandbox_mode(NO_SANDBOX.peer_id) is None
+
+
+def test_a_claimant_without_a_fresh_heartbeat_is_asked_directly() -> None:
+    async def main() -> None:
+        newcomer, liar, silent = NodeIdentity.generate(), NodeIdentity.generate(), NodeIdentity.generate()
+        answers: dict[str, Any] = {
+            newcomer.peer_id: heartbeat(newcomer),
+            liar.peer_id: heartbeat(RUNNER_A),  # names another peer than the stream's: ignored
+            silent.peer_id: Rejection(Reason.UNREACHABLE, "no answer"),
+        }
+        asked: list[str] = []
+
+        async def ask(peer: str) -> Any:
+            asked.append(peer)
+            return answers[peer]
+
+        _, peers, clock, _ = setup()
+        desk = ClaimDesk(peers, monotonic=clock, ask_status=ask)
+        offers = []
+        for _ in range(3):
+            received = parse_offer(TaskOffer.create(OFFERER, language="python", code="1").sign(OFFERER))
+            desk.post(received)
+            offers.append(received.offer.offer_id)
+        assert await desk.grant_claim(offers[0], newcomer.peer_id) is None
+        refused = [await desk.grant_claim(offers[i], who.peer_id) for i, who in ((1, liar), (2, silent))]
+        assert all(r is not None and r.reason == Reason.SANDBOX_UNAVAILABLE for r in refused)
+        assert await desk.grant_claim(offers[1], RUNNER_A.peer_id) is None  # fresh heartbeat: nobody is asked
+        assert asked == [newcomer.peer_id, liar.peer_id, silent.peer_id]
+
+    trio.run(main)

@@ -296,3 +296,30 @@ def test_a_claim_that_lapses_without_a_result_is_re_offered_and_runs() -> None:
             assert len(runner.ran) == 1
 
     run(main)
+
+
+def test_gossip_claims_do_not_wait_for_heartbeats() -> None:
+    """With heartbeats far apart, a new offerer has heard none: it asks the claimant for its status instead."""
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            slow = {"heartbeat_interval": 600.0, "executor_policy": sandbox_policy()}
+            runner = await stack.enter_async_context(
+                MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), **slow))
+            )
+            offerer = await stack.enter_async_context(
+                MeshNode.open(
+                    NodeConfig(identity=NodeIdentity.generate(), peers=runner.addrs[:1], sandbox_mode="none", **slow)
+                )
+            )
+            assert await offerer.wait_for_runner(timeout=10)
+            # Whether or not gossip's history already brought the runner's one heartbeat, the offerer has none now.
+            offerer.peers.forget(runner.peer_id)
+            outcome = await offerer.offer_gossip(
+                offerer.make_offer(language="python", code="print('asked')"), timeout=20
+            )
+            assert outcome.result is not None, outcome.refusal
+            assert outcome.result.result.stdout == "asked\n"
+            assert offerer.peers.sandbox_mode(runner.peer_id) == "docker"  # learnt from the status answer
+
+    run(main)

@@ -16,6 +16,7 @@ from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wa
 from transports.direct import (
     CLAIM_PROTOCOL,
     OFFER_PROTOCOL,
+    STATUS_PROTOCOL,
     DirectTransport,
     ReplyError,
 )
@@ -46,7 +47,14 @@ async def pair(*, stall_timeout: float = 2.0, result_timeout: float = 5.0) -> As
         trio.open_nursery() as nursery,
     ):
         sink.nursery = nursery
-        direct = DirectTransport(server, sink, desk, stall_timeout=stall_timeout, result_timeout=result_timeout)
+        direct = DirectTransport(
+            server,
+            sink,
+            desk,
+            stall_timeout=stall_timeout,
+            result_timeout=result_timeout,
+            status=lambda: {"peerId": server.peer_id, "sandboxMode": "docker"},
+        )
         client_direct = DirectTransport(client, RecordingSink(), FakeDesk())
         yield Pair(server, client, direct, client_direct, sink, desk, nursery)
 
@@ -214,5 +222,19 @@ def test_framing_round_trip() -> None:
             stream = await p.client.open_stream(peer, "/test/echo/1")
             await write_frame(stream, b"0123456789")
             assert await read_frame(stream, max_len=10, timeout=1) == b"9876543210"
+
+    run_trio(main)
+
+
+def test_a_peer_answers_for_its_current_status_and_a_peer_without_one_is_a_typed_refusal() -> None:
+    async def main() -> None:
+        async with pair() as p:
+            status = await p.client_direct.request_status(p.server.addrs[0])
+            assert status == {"peerId": p.server.peer_id, "sandboxMode": "docker"}
+            # The client serves no status protocol: asking it is a refusal, not an exception.
+            answer = await p.direct.request_status(p.client.peer_id)
+            assert isinstance(answer, Rejection)
+            garbage = await raw_exchange(p, STATUS_PROTOCOL, b"\x00\x00\x00\x02\xc1\xc1")
+            assert garbage["type"] == "status"  # the request's content does not matter: any frame asks
 
     run_trio(main)

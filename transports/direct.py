@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 OFFER_PROTOCOL = "/edgecoder/offer/1.0.0"
 CLAIM_PROTOCOL = "/edgecoder/claim/1.0.0"
 RESULT_PROTOCOL = "/edgecoder/result/1.0.0"
+# A peer's current heartbeat, asked for point to point: an offerer that has not yet heard a claimant's flooded
+# heartbeat asks it directly (over Noise, so the answer is authenticated) instead of waiting for the next one.
+STATUS_PROTOCOL = "/edgecoder/status/1.0.0"
 
 # A signed result plus the answer map around it.
 MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
@@ -164,8 +167,10 @@ class DirectTransport:
         max_frame: int = 256 * 1024 + 1024,
         stall_timeout: float = 10.0,
         result_timeout: float = 120.0,
+        status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.host = host
+        self.status = status
         self.sink = sink
         self.desk = desk
         self.max_frame = max_frame
@@ -177,6 +182,8 @@ class DirectTransport:
         host.set_handler(OFFER_PROTOCOL, self._guarded(self._serve_offer))
         host.set_handler(CLAIM_PROTOCOL, self._guarded(self._serve_claim))
         host.set_handler(RESULT_PROTOCOL, self._guarded(self._serve_result))
+        if status is not None:
+            host.set_handler(STATUS_PROTOCOL, self._guarded(self._serve_status))
 
     # -- server side -------------------------------------------------------------------------------------------
 
@@ -250,6 +257,13 @@ class DirectTransport:
             return
         await self._answer_from_desk(stream, self.desk.accept_result(raw, _remote_peer(stream)), "ack")
 
+    async def _serve_status(self, stream: INetStream) -> None:
+        request = await self._read_request(stream, MAX_CONTROL_FRAME)
+        if request is None:
+            return
+        assert self.status is not None
+        await _send(stream, {"type": "status", "heartbeat": self.status()})
+
     async def _answer_from_desk(self, stream: INetStream, decision: Awaitable[Rejection | None], ok: str) -> None:
         # The desk is local and should answer at once; the bound keeps a slow one from pinning the stream.
         with trio.move_on_after(self.stall_timeout):
@@ -315,6 +329,23 @@ class DirectTransport:
             max_answer=MAX_CONTROL_FRAME,
         )
         return answer if isinstance(answer, Rejection) else None
+
+    async def request_status(self, peer: str) -> dict[str, Any] | Rejection:
+        """A peer's current heartbeat, straight from the peer."""
+        answer = await self._exchange(
+            peer,
+            STATUS_PROTOCOL,
+            pack({"type": "status"}),
+            "status",
+            answer_timeout=self.stall_timeout,
+            max_answer=MAX_CONTROL_FRAME,
+        )
+        if isinstance(answer, Rejection):
+            return answer
+        heartbeat = answer.get("heartbeat")
+        if not isinstance(heartbeat, dict):
+            return Rejection(Reason.MALFORMED, "status answer carries no heartbeat")
+        return heartbeat
 
     async def send_result(self, peer: str, result_raw: bytes) -> Rejection | None:
         """Carry a signed result back to the offerer. None means acknowledged."""

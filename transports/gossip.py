@@ -87,7 +87,7 @@ class GossipTransport:
         validate: ValidateFn,
         heartbeat: HeartbeatFn,
         on_heartbeat: OnHeartbeatFn,
-        heartbeat_interval: float = 5.0,
+        heartbeat_interval: float = 15.0,
     ) -> None:
         self.host = host
         self.sink = sink
@@ -135,6 +135,11 @@ class GossipTransport:
     def mesh_peers(self, topic: str = OFFERS_TOPIC) -> list[str]:
         """Peers in our GossipSub mesh for `topic` (for diagnostics and tests)."""
         return [p.to_base58() for p in self.router.mesh.get(topic, ())]
+
+    def offer_subscribers(self) -> list[str]:
+        """Peers known to be subscribed to the offers topic: they take offers (a node subscribes only while its
+        sandbox gate is open). Learnt from subscription announcements, at once on connect."""
+        return [p.to_base58() for p in self.pubsub.peer_topics.get(OFFERS_TOPIC, ())]
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 

@@ -15,35 +15,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
-import subprocess
 import time
-from typing import Any
 
 import structlog
 import trio
+from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles  # benchmarks/ is the script's directory
 
-from executor.container_config import build_container_config
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 
-CODE = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))"
-INPUT = {"xs": [1, 2, 3]}
-EXPECTED = "6\n"
 TARGET_P50_MS = 60.0
 
 
 def quiet_logs() -> None:
     logging.getLogger().setLevel(logging.ERROR)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
-def percentiles(samples_s: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples_s)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return statistics.median(ordered) * 1000, p95 * 1000
 
 
 async def bench_mesh(offers: int) -> tuple[list[float], float]:
@@ -73,41 +61,6 @@ async def bench_mesh(offers: int) -> tuple[list[float], float]:
             else:
                 samples.append(elapsed)
     return samples, first
-
-
-def cli_command(policy: ExecutorPolicy) -> list[str]:
-    """`docker run --rm` with the image and every flag of the node's containers, read from its config."""
-    config = build_container_config(policy.clamp(Limits(timeout_ms=5000)), policy, labels={})
-    host: dict[str, Any] = dict(config["host_config"])
-    flags = [
-        f"--network={host.pop('NetworkMode')}",
-        f"--memory={host.pop('Memory')}b",
-        f"--memory-swap={host.pop('MemorySwap')}b",
-        f"--cpus={host.pop('NanoCpus') / 1e9:g}",
-        f"--pids-limit={host.pop('PidsLimit')}",
-        f"--user={config['user']}",
-        f"--workdir={config['working_dir']}",
-        f"--log-driver={host.pop('LogConfig')['Type']}",
-    ]
-    if host.pop("ReadonlyRootfs"):
-        flags.append("--read-only")
-    flags += [f"--cap-drop={cap}" for cap in host.pop("CapDrop")]
-    flags += [f"--security-opt={opt}" for opt in host.pop("SecurityOpt")]
-    flags += [f"--tmpfs={path}:{options}" for path, options in host.pop("Tmpfs").items()]
-    flags += [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in host.pop("Ulimits")]
-    assert not host, f"container_config sets flags this baseline does not translate: {sorted(host)}"
-    return ["docker", "run", "--rm", "-i", *flags, config["image"], "python3", "-I", "-S", "-c", CODE]
-
-
-def bench_cli(policy: ExecutorPolicy, runs: int) -> list[float]:
-    command = cli_command(policy)
-    samples = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        done = subprocess.run(command, input=b'{"xs": [1, 2, 3]}', capture_output=True, check=True)
-        samples.append(time.perf_counter() - began)
-        assert done.stdout.decode() == EXPECTED, done
-    return samples
 
 
 def main() -> None:

@@ -11,25 +11,17 @@ figure measures a pool hit, not a refill race.
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import time
 from dataclasses import replace
 
 import trio
+from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles  # benchmarks/ is the script's directory
 
 from executor.contract import ExecRequest
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
 
-TASK = ExecRequest("python", "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))", {"xs": [1, 2, 3]})
-EXPECTED = "6\n"
-
-
-def percentiles(samples_s: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples_s)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return statistics.median(ordered) * 1000, p95 * 1000
+TASK = ExecRequest("python", CODE, INPUT)
 
 
 async def bench_executor(policy: ExecutorPolicy, runs: int, pooled: bool) -> list[float]:
@@ -45,23 +37,6 @@ async def bench_executor(policy: ExecutorPolicy, runs: int, pooled: bool) -> lis
             result = await ex.run_code(TASK)
             samples.append(time.perf_counter() - began)
             assert result.ok and result.stdout == EXPECTED, result
-    return samples
-
-
-def bench_cli(policy: ExecutorPolicy, runs: int) -> list[float]:
-    code = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))"
-    command = [
-        "docker", "run", "--rm", "-i", "--network=none", "--read-only", "--memory=128m", "--memory-swap=128m",
-        "--cpus=0.5", "--pids-limit=50", "--cap-drop=ALL", "--security-opt=no-new-privileges",
-        "--user=65534:65534", "--tmpfs=/tmp:rw,noexec,nosuid,size=64m", "--ulimit=nofile=256:256",
-        "--log-driver=none", policy.image, "python3", "-c", code,
-    ]  # fmt: skip
-    samples = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        done = subprocess.run(command, input=b'{"xs": [1, 2, 3]}', capture_output=True, check=True)
-        samples.append(time.perf_counter() - began)
-        assert done.stdout.decode() == EXPECTED
     return samples
 
 

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -252,6 +253,7 @@ class MeshNode:
             error_kind=result.error_kind and str(result.error_kind),
             queue_reason=result.queue_reason,
             duration_ms=result.duration_ms,
+            waited_ms=round((time.monotonic() - job.admitted_at) * 1000) - result.duration_ms,
         )
         signed = TaskResult(offer.offer_id, job.received.digest, self.identity.public_key, result).sign(self.identity)
         try:

@@ -16,6 +16,7 @@ def sandbox_policy(**changes: object) -> ExecutorPolicy:
 
 
 async def wait_pool_ready(executor: Executor, timeout: float = 30.0) -> None:
+    """Until the pool is full and no removal (of the gate's canary, say) is still under way: a quiet executor."""
     with trio.fail_after(timeout):
-        while executor.stats().pool_ready < executor.stats().pool_size:
+        while (stats := executor.stats()).pool_ready < stats.pool_size or stats.pending_removals:
             await trio.sleep(0.02)

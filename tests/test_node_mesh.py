@@ -150,7 +150,8 @@ def test_a_remote_offer_asking_for_the_host_is_refused_without_a_container(docke
             assert outcome.result is not None
             result = outcome.result.result
             assert (result.ok, result.stderr) == (False, SANDBOX_REQUIRED)
-            assert containers_of(docker_api, label) == before
+            # Nothing was created for it (a leftover of the start-up may still vanish; nothing may appear).
+            assert {c["Id"] for c in containers_of(docker_api, label)} <= {c["Id"] for c in before}
 
     run(main)
 

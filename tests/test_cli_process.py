@@ -255,9 +255,9 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
     tmp_path: Path, keys: dict[str, Path], docker_api: Any
 ) -> None:
     from executor.contract import Limits
-    from mesh.coordinator.testing import CoordinatorProcess
     from mesh.identity import NodeIdentity
     from mesh.offers import TaskOffer, open_result
+    from tests.coordinator_support import CoordinatorProcess
 
     coordinator = CoordinatorProcess(tmp_path / "tasks.sqlite")
     url = coordinator.start()

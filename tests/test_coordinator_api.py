@@ -15,9 +15,9 @@ import pytest
 
 from executor.contract import ExecResult
 from mesh.coordinator import signing
-from mesh.coordinator.testing import AgentClient, CoordinatorProcess
 from mesh.identity import NodeIdentity
 from mesh.offers import TaskOffer, TaskResult
+from tests.coordinator_support import AgentClient, CoordinatorProcess
 
 
 def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

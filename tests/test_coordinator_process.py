@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from mesh.coordinator.testing import AgentClient, CoordinatorProcess
 from mesh.identity import NodeIdentity
 from mesh.offers import TaskOffer
+from tests.coordinator_support import AgentClient, CoordinatorProcess
 
 
 def offer() -> bytes:

@@ -14,11 +14,11 @@ import pytest
 import trio
 
 from executor.contract import ExecResult
-from mesh.coordinator.testing import CoordinatorProcess
 from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
 from mesh.offers import TaskOffer, TaskResult, parse_offer
 from mesh.reasons import Reason, Rejection
+from tests.coordinator_support import CoordinatorProcess
 from transports.base import Admitted, Delivery, Verdict
 from transports.coordinator import CoordinatorPullTransport
 

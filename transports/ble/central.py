@@ -11,7 +11,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,7 +20,7 @@ from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData, BaseBleakScanner
 
 from mesh.reasons import Rejection
-from transports.base import Admitted, Verdict
+from transports.base import Admitted, ClaimFn, ReplyFn, Verdict
 from transports.ble.link import GattLink, Inbox
 from transports.ble.outcomes import SessionOutcome
 from transports.ble.policy import ProximityPolicy
@@ -52,8 +51,8 @@ class NodePort(Protocol):
         self,
         raw: bytes,
         sender: str,
-        claim: Callable[[], Awaitable[bool]],
-        reply: Callable[[bytes], Awaitable[None]],
+        claim: ClaimFn,
+        reply: ReplyFn,
     ) -> Verdict: ...
 
     def report(self, outcome: SessionOutcome) -> None: ...

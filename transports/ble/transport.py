@@ -13,14 +13,14 @@ authenticates the offerer.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import trio
 from bleak.backends.client import BaseBleakClient
 from bleak.backends.scanner import BaseBleakScanner
 
-from transports.base import Delivery, OfferSink, Verdict
+from transports.base import ClaimFn, Delivery, OfferSink, ReplyFn, Verdict
 from transports.ble.bridge import AsyncioThread, TrioPortal
 from transports.ble.central import BleCentral, CentralStats
 from transports.ble.outcomes import OutcomeLog, SessionOutcome
@@ -54,8 +54,8 @@ class _Port:
         self,
         raw: bytes,
         sender: str,
-        claim: Callable[[], Awaitable[bool]],
-        reply: Callable[[bytes], Awaitable[None]],
+        claim: ClaimFn,
+        reply: ReplyFn,
     ) -> Verdict:
         return await self._portal.call(self._transport._deliver, raw, sender, claim, reply)
 
@@ -142,8 +142,8 @@ class BleTransport:
         self,
         raw: bytes,
         sender: str,
-        claim: Callable[[], Awaitable[bool]],
-        reply: Callable[[bytes], Awaitable[None]],
+        claim: ClaimFn,
+        reply: ReplyFn,
     ) -> Verdict:
         """On Trio: hand the offer to the sink, with claim and reply that run on the asyncio side."""
         thread = self._thread

@@ -171,11 +171,13 @@ class GossipTransport:
             self._inbound_streams[stream] = scope
             try:
                 await self.pubsub.stream_handler(stream)
-            except RuntimeError:
+            except RuntimeError as exc:
                 # Rarely a reader still drains buffered messages (no checkpoint, so our cancel has not landed yet)
                 # as pubsub stops, and pubsub's closed nursery refuses the task it schedules per message. At
-                # shutdown that message is moot; raised further it would tear down the whole swarm.
-                if not self._closing:
+                # shutdown that message is moot; raised further it would tear down the whole swarm. The cancel that
+                # stops pubsub can reach its nursery before our own `finally` has set `_closing`, so trio's own
+                # refusal (a bare RuntimeError) is recognised too; any other RuntimeError is a bug and goes up.
+                if not (self._closing or "closed to new arrivals" in str(exc)):
                     raise
                 log.debug("pubsub stream ended during shutdown", exc_info=True)
             finally:

@@ -90,3 +90,23 @@ async def open_relays(directory: Path, count: int) -> AsyncIterator[list[DockerR
             await relay.restore()
         yield relays
         nursery.cancel_scope.cancel()
+
+
+def sweep_containers(node_labels: list[str]) -> int:
+    """Remove every container (any state) that the executor labelled for these nodes, through the real daemon."""
+    import docker
+    import docker.errors
+
+    from executor.container_config import NODE_LABEL
+
+    api = docker.APIClient()
+    removed = 0
+    try:
+        for label in node_labels:
+            for container in api.containers(all=True, filters={"label": f"{NODE_LABEL}={label}"}):
+                with contextlib.suppress(docker.errors.NotFound):  # its node removed it meanwhile
+                    api.remove_container(container["Id"], force=True)
+                    removed += 1
+    finally:
+        api.close()
+    return removed

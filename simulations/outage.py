@@ -12,7 +12,7 @@ import trio
 
 from mesh.identity import peer_id_of
 from simulations.cluster import Cluster, lineup
-from simulations.docker_relay import DockerRelay, open_relays
+from simulations.docker_relay import DockerRelay, open_relays, sweep_containers
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options, offerers, quiet_logs, standard_sections
@@ -73,6 +73,10 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
             figures = summarize(instruments, records, instruments.sends.snapshot())
             figures["rejoined"] = all(s.node is not None and s.node.gate.participating for s in victims)
             outer.cancel_scope.cancel()
+    # While its relay was cut, a victim could not remove the containers it was starting, just as a node cannot
+    # through a dead daemon. Its next start-up would sweep them by label; these nodes have no next start, so the
+    # scenario sweeps them through the real daemon instead of leaving them on the machine.
+    await trio.to_thread.run_sync(sweep_containers, [sim.peer_id for sim in victims])
     # Measured at the executor, not from `node.ran`: a run handed over just before the gate closed returns (Docker
     # failed it) after the gate closed, and `ran` records it then; what must never happen is code executing after.
     figures["runs_while_withdrawn"] = len(instruments.execs.executed_while_withdrawn())

@@ -22,6 +22,7 @@ import trio
 
 from executor.container_config import NODE_LABEL
 from executor.policy import DEFAULT_IMAGE
+from simulations.docker_relay import sweep_containers
 
 _docker_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
 
@@ -90,11 +91,7 @@ def node_label(docker_api: docker.APIClient) -> Iterator[str]:
     label = f"test-{uuid.uuid4().hex[:12]}"
     yield label
     # Whatever the test asserted, leave nothing behind on the shared daemon.
-    for container in containers_of(docker_api, label):
-        try:
-            docker_api.remove_container(container["Id"], force=True)
-        except docker.errors.NotFound:
-            pass
+    sweep_containers([label])
 
 
 def containers_of(api: docker.APIClient, label: str) -> list[dict[str, Any]]:

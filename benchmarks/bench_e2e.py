@@ -19,7 +19,14 @@ import time
 
 import structlog
 import trio
-from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles  # benchmarks/ is the script's directory
+from cli_baseline import (  # benchmarks/ is the script's directory
+    CODE,
+    EXPECTED,
+    INPUT,
+    bench_cli,
+    percentiles,
+    print_figures,
+)
 
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
@@ -72,9 +79,7 @@ def main() -> None:
     cli = bench_cli(ExecutorPolicy.from_env(), args.offers)
     figures = {"mesh, direct, warm pool": percentiles(mesh), "docker run --rm": percentiles(cli)}
     print(f"offer → verified result, trivial Python task, {args.offers} offers each (steady state)")
-    print(f"{'path':<26}{'p50 ms':>10}{'p95 ms':>10}")
-    for name, (p50, p95) in figures.items():
-        print(f"{name:<26}{p50:>10.1f}{p95:>10.1f}")
+    print_figures(figures)
     mesh_p50 = figures["mesh, direct, warm pool"][0]
     print(f"first offer (dial, Noise and yamux set-up included): {first * 1000:.1f} ms")
     print(f"CLI / mesh p50: {figures['docker run --rm'][0] / mesh_p50:.1f}x")

@@ -15,7 +15,14 @@ import time
 from dataclasses import replace
 
 import trio
-from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles  # benchmarks/ is the script's directory
+from cli_baseline import (  # benchmarks/ is the script's directory
+    CODE,
+    EXPECTED,
+    INPUT,
+    bench_cli,
+    percentiles,
+    print_figures,
+)
 
 from executor.contract import ExecRequest
 from executor.policy import ExecutorPolicy
@@ -50,9 +57,7 @@ def main() -> None:
     cli = bench_cli(policy, args.runs)
     figures = {"warm pool": percentiles(warm), "cold SDK": percentiles(cold), "docker run --rm": percentiles(cli)}
     print(f"trivial Python task, {args.runs} runs each")
-    print(f"{'path':<18}{'p50 ms':>10}{'p95 ms':>10}")
-    for name, (p50, p95) in figures.items():
-        print(f"{name:<18}{p50:>10.1f}{p95:>10.1f}")
+    print_figures(figures)
     warm_p50 = figures["warm pool"][0]
     print(f"cold / warm p50: {figures['cold SDK'][0] / warm_p50:.1f}x")
     print(f"CLI / warm p50:  {figures['docker run --rm'][0] / warm_p50:.1f}x")

@@ -26,6 +26,14 @@ def percentiles(samples_s: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, p95 * 1000
 
 
+def print_figures(figures: dict[str, tuple[float, float]]) -> None:
+    """The p50 and p95 of each path, as one table."""
+    width = max(len(name) for name in figures) + 4
+    print(f"{'path':<{width}}{'p50 ms':>10}{'p95 ms':>10}")
+    for name, (p50, p95) in figures.items():
+        print(f"{name:<{width}}{p50:>10.1f}{p95:>10.1f}")
+
+
 def cli_command(policy: ExecutorPolicy) -> list[str]:
     """`docker run --rm` with the image and every flag of the node's containers, read from its config."""
     config = build_container_config(policy.clamp(Limits(timeout_ms=5000)), policy, labels={})

@@ -244,7 +244,7 @@ class MeshNode:
             self.metrics.claims.labels("granted" if granted else "refused").inc()
             if not granted:
                 return
-            result = await self._run(offer)
+            result = await self._run(job)
         log.info(
             "offer answered",
             offer=offer.offer_id.hex(),
@@ -261,11 +261,12 @@ class MeshNode:
         except Exception as exc:  # the offerer went away; the result is lost to it, the node keeps serving
             log.warning("reply failed", offer=offer.offer_id.hex(), error=repr(exc))
 
-    async def _run(self, offer: TaskOffer) -> ExecResult:
+    async def _run(self, job: Job) -> ExecResult:
+        offer = job.received.offer
         assert self.executor is not None
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
-        # Origin is fixed here, by the node, for everything that came through the intake.
-        result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin="remote")
+        # The origin is the intake's tag (always remote), never anything the offer says.
+        result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin=job.origin)
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
         self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()

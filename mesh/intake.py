@@ -1,27 +1,36 @@
 """The one intake: every transport delivers here, and everything admitted is `origin=remote`.
 
 Checks run cheapest first, so that garbage costs almost nothing and only well-formed, fresh, unseen offers cost a
-signature verification: size, decode, version, clock, replay cache, signature, per-peer rate limit, policy, and
-last the sandbox gate. Every rejection is a `Rejection` with a reason code, counted by transport and reason. The
-queue of admitted work is bounded; when it is full the offer is refused with `busy`, never dropped silently.
+signature verification: size, decode, version, clock, replay memory, signature, then the operator's policy
+(language, offerer lists, `sandbox_required_for_remote_task` for an offer that asks for the host), the sandbox gate,
+room in the queue and in the replay memory, and last the offerer's rate. Only an offer that passes all of them
+spends its id (see `mesh.replay`): a refused offer may be sent again. Every rejection is a `Rejection` with a
+reason code, counted by transport and reason.
+
+Admitted jobs wait in a fair queue (`mesh.fairqueue`), one lane per offerer: an offerer's flood lengthens its own
+lane only. The queue is bounded in total and per offerer; when either is full the offer is refused with `busy`,
+never dropped silently. `deliver` never awaits before its verdict, so two copies of one offer cannot both pass.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import trio
 
 from executor.contract import LANGUAGES
 from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
-from mesh.limits import RateLimiter, ReplayCache
+from mesh.fairqueue import FairQueue
+from mesh.limits import RateLimiter
 from mesh.metrics import NodeMetrics
 from mesh.offers import ClockPolicy, ReceivedOffer, check_clock, now_ms, parse_offer
 from mesh.reasons import Reason, Rejected, Rejection
+from mesh.replay import ReplayMemory
 from transports.base import Admitted, Delivery, Verdict
 
 
@@ -36,12 +45,24 @@ class IntakePolicy:
     rate_per_offerer: float = 5.0  # offers a second, sustained
     burst_per_offerer: float = 20.0
     queue_size: int = 32
+    # Places in the queue one offerer may hold; None is a quarter of the queue.
+    queue_per_offerer: int | None = None
     replay_capacity: int = 100_000
 
+    def __post_init__(self) -> None:
+        if self.queue_size < 1 or not 1 <= self.lane_size <= self.queue_size:
+            raise ValueError("the queue needs queue_size >= 1 and 1 <= queue_per_offerer <= queue_size")
+
     @property
-    def replay_ttl_s(self) -> float:
-        # An offer must be remembered for as long as the clock check could still let it in.
-        return (self.clock.max_ttl_ms + 2 * self.clock.max_skew_ms) / 1000
+    def lane_size(self) -> int:
+        return self.queue_per_offerer if self.queue_per_offerer is not None else max(1, self.queue_size // 4)
+
+    @property
+    def replay_per_offerer(self) -> int:
+        # What an offerer within its rate can have admitted while the clock check still lets an offer in: it never
+        # runs out of share by behaving.
+        window_s = (self.clock.max_ttl_ms + 2 * self.clock.max_skew_ms) / 1000
+        return min(self.replay_capacity, int(self.burst_per_offerer + self.rate_per_offerer * window_s) + 1)
 
 
 @dataclass(slots=True)
@@ -52,6 +73,54 @@ class Job:
     delivery: Delivery
     admitted_at: float
     origin: Literal["remote"] = "remote"
+
+
+class JobQueue:
+    """The fair queue as the workers see it: `async for job in queue`, ending once closed and drained."""
+
+    def __init__(self, fair: FairQueue[Job]) -> None:
+        self._fair = fair
+        self._waiters = trio.lowlevel.ParkingLot()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._fair)
+
+    def has_room(self, lane: bytes) -> bool:
+        return self._fair.has_room(lane)
+
+    def put(self, lane: bytes, job: Job) -> None:
+        self._fair.put(lane, job)
+        self._waiters.unpark()
+
+    def receive_nowait(self) -> Job:
+        job = self._fair.pop()
+        if job is not None:
+            return job
+        if self.closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    async def receive(self) -> Job:
+        while True:
+            try:
+                job = self.receive_nowait()
+            except trio.WouldBlock:
+                await self._waiters.park()
+                continue
+            await trio.lowlevel.checkpoint()
+            return job
+
+    def close(self) -> None:
+        self.closed = True
+        self._waiters.unpark_all()
+
+    async def __aiter__(self) -> AsyncIterator[Job]:
+        while True:
+            try:
+                yield await self.receive()
+            except trio.EndOfChannel:
+                return
 
 
 class _VerifiedDigests:
@@ -79,16 +148,25 @@ class Intake:
         metrics: NodeMetrics | None = None,
         clock_ms: Callable[[], int] = now_ms,
         monotonic: Callable[[], float] = time.monotonic,
+        replay_journal: Path | None = None,
     ) -> None:
         self.policy = policy
         self._participating = participating
         self.metrics = metrics or NodeMetrics()
         self._clock_ms = clock_ms
         self._monotonic = monotonic
-        self._replays = ReplayCache(policy.replay_ttl_s, policy.replay_capacity)
+        self._replays = ReplayMemory(
+            per_offerer=policy.replay_per_offerer,
+            capacity=policy.replay_capacity,
+            now_ms=clock_ms,
+            journal=replay_journal,
+        )
         self._rates = RateLimiter(policy.rate_per_offerer, policy.burst_per_offerer)
         self._verified = _VerifiedDigests()
-        self._send, self.jobs = trio.open_memory_channel[Job](policy.queue_size)
+        self.jobs = JobQueue(FairQueue(policy.queue_size, policy.lane_size))
+        # Admitted and not yet finished (queued or running), so that an abort from the offerer can find its job.
+        # Bounded by the queue and the workers: `finished()` removes each job when its worker is done with it.
+        self._pending: dict[tuple[bytes, bytes], Job] = {}
         # Plain counters beside the Prometheus ones: cheap to read in tests and in the demo.
         self.admitted: Counter[str] = Counter()
         self.rejected: Counter[tuple[str, str]] = Counter()
@@ -97,28 +175,26 @@ class Intake:
     def participating(self) -> bool:
         return self._participating()
 
+    @property
+    def queue_depth(self) -> int:
+        return len(self.jobs)
+
     # -- the entry point of every transport ------------------------------------------------------------------
 
     async def deliver(self, delivery: Delivery) -> Verdict:
         try:
-            received = self._check(delivery)
+            received = self._admit(delivery)
         except Rejected as rejected:
             return self._refuse(delivery.transport, rejected.rejection)
-        job = Job(received, delivery, self._monotonic())
-        try:
-            self._send.send_nowait(job)
-        except trio.WouldBlock:
-            return self._refuse(delivery.transport, Rejection(Reason.BUSY, "the intake queue is full"))
-        except trio.ClosedResourceError:
-            return self._refuse(delivery.transport, Rejection(Reason.SHUTTING_DOWN, "the node is shutting down"))
         self.admitted[delivery.transport] += 1
         self.metrics.offer_admitted(delivery.transport)
+        await trio.lowlevel.checkpoint()
         return Admitted(received.offer.offer_id)
 
     def validate(self, raw: bytes) -> Rejection | None:
         """The stateless part of the checks, for gossip's topic validator: invalid offers are never forwarded.
 
-        No replay cache and no rate limit here: forwarding a valid offer we have already run is gossip's business
+        No replay memory and no rate limit here: forwarding a valid offer we have already run is gossip's business
         (its content-addressed message ids collapse duplicates), and it must not use up the offerer's budget.
         """
         try:
@@ -128,8 +204,20 @@ class Intake:
             return self._refuse("gossip-validator", rejected.rejection)
         return None
 
+    def abort(self, offerer: bytes, offer_id: bytes) -> bool:
+        """The offerer stopped waiting: cancel its job's scope, queued or running. False when there is none."""
+        job = self._pending.get((offerer, offer_id))
+        if job is None:
+            return False
+        job.delivery.scope.cancel()
+        return True
+
+    def finished(self, job: Job) -> None:
+        self._pending.pop((job.received.offer.offerer, job.received.offer.offer_id), None)
+
     def close(self) -> None:
-        self._send.close()
+        self.jobs.close()
+        self._replays.close()
 
     # -- the checks, in order ----------------------------------------------------------------------------------
 
@@ -146,26 +234,38 @@ class Intake:
             raise Rejected(Reason.BAD_SIGNATURE, "offer signature does not verify against its offerer")
         self._verified.add(digest)
 
-    def _check(self, delivery: Delivery) -> ReceivedOffer:
+    def _admit(self, delivery: Delivery) -> ReceivedOffer:
+        """Every check, then the queue, then the id is spent. No await: the verdict is atomic."""
+        if self.jobs.closed:
+            raise Rejected(Reason.SHUTTING_DOWN, "the node is shutting down")
         received = self._parse(delivery.raw)
         offer = received.offer
-        now = self._monotonic()
-        if self._replays.seen(offer.offerer, offer.offer_id, now):
+        if self._replays.seen(offer.offerer, offer.offer_id):
             raise Rejected(Reason.REPLAYED, "this offer id from this offerer was already taken")
         self._verify(received)
-        # Remembered only once the signature holds, so that forgeries cannot burn a real offerer's offer ids.
-        self._replays.remember(offer.offerer, offer.offer_id, now)
-        # Rate limited by offerer: it is the identity the signature proves, whichever peer forwarded the bytes.
-        if not self._rates.allow(offer.offerer.hex(), now):
-            raise Rejected(Reason.RATE_LIMITED, "this offerer is over its rate")
         if offer.language not in self.policy.languages:
             raise Rejected(Reason.LANGUAGE_NOT_ALLOWED, f"{offer.language} is not run by this node")
         if offer.offerer in self.policy.deny_offerers or (
             self.policy.allow_offerers is not None and offer.offerer not in self.policy.allow_offerers
         ):
             raise Rejected(Reason.OFFERER_DENIED, "the operator's policy does not take work from this offerer")
+        if offer.sandbox != "docker":
+            # Before any claim: a node that would only refuse the run must not take the claim from others.
+            raise Rejected(Reason.SANDBOX_REQUIRED, "the offer asks for the host; remote work runs only in the sandbox")
         if not self._participating():
             raise Rejected(Reason.SANDBOX_UNAVAILABLE, "this node cannot sandbox, so it takes no remote work")
+        if not self.jobs.has_room(offer.offerer):
+            raise Rejected(Reason.BUSY, "the intake queue has no room for this offerer")
+        if not self._replays.has_room(offer.offerer):
+            raise Rejected(Reason.BUSY, "the replay memory is full: refusing rather than forgetting an unexpired id")
+        # Rate limited by offerer: the identity the signature proves, whichever peer forwarded the bytes. Last, so
+        # that a refusal above costs the offerer none of its budget.
+        if not self._rates.allow(offer.offerer, self._monotonic()):
+            raise Rejected(Reason.RATE_LIMITED, "this offerer is over its rate")
+        job = Job(received, delivery, self._monotonic())
+        self.jobs.put(offer.offerer, job)
+        self._pending[(offer.offerer, offer.offer_id)] = job
+        self._replays.spend(offer.offerer, offer.offer_id, offer.expires_at_ms + self.policy.clock.max_skew_ms + 1)
         return received
 
     def _refuse(self, transport: str, rejection: Rejection) -> Rejection:

@@ -71,7 +71,10 @@ def reason(verdict: object) -> Reason:
 def test_admitted_offers_are_remote_whatever_they_say(task: TaskOffer) -> None:
     intake, _ = make_intake()
     verdict = deliver(intake, task.sign(OFFERER))
-    if isinstance(verdict, Rejection):  # only the clock may refuse a generated offer
+    if task.sandbox == "host":  # refused at the intake, before any claim could be taken
+        assert reason(verdict) == Reason.SANDBOX_REQUIRED
+        return
+    if isinstance(verdict, Rejection):  # otherwise only the clock may refuse a generated offer
         assert verdict.reason in (Reason.EXPIRED, Reason.TTL_TOO_LONG)
         return
     job = intake.jobs.receive_nowait()
@@ -115,6 +118,7 @@ def test_every_rejection_path_has_its_reason_and_is_counted() -> None:
         Reason.BAD_SIGNATURE: pack([body, bytes(64)]),
         Reason.LANGUAGE_NOT_ALLOWED: offer(language="javascript"),
         Reason.OFFERER_DENIED: offer(OTHER),
+        Reason.SANDBOX_REQUIRED: offer(sandbox="host"),
     }
     for expected, raw in cases.items():
         assert reason(deliver(intake, raw, "gossip")) == expected, expected
@@ -138,12 +142,75 @@ def test_not_participating_refuses_with_sandbox_unavailable() -> None:
 
 
 def test_a_full_queue_refuses_with_busy_and_loses_nothing_admitted() -> None:
-    intake, _ = make_intake(queue_size=3, burst_per_offerer=100)
+    intake, _ = make_intake(queue_size=3, queue_per_offerer=3, burst_per_offerer=100)
     verdicts = [deliver(intake, offer()) for _ in range(5)]
     assert [type(v).__name__ for v in verdicts] == ["Admitted"] * 3 + ["Rejection"] * 2
     assert all(reason(v) == Reason.BUSY for v in verdicts[3:])
     admitted = [intake.jobs.receive_nowait().received.offer.offer_id for _ in range(3)]
     assert admitted == [v.offer_id for v in verdicts[:3] if isinstance(v, Admitted)]
+
+
+def test_one_offerer_holds_at_most_its_share_of_the_queue_and_others_still_get_in() -> None:
+    intake, _ = make_intake(queue_size=8, queue_per_offerer=2, burst_per_offerer=100)
+    flood = [deliver(intake, offer()) for _ in range(10)]
+    assert sum(isinstance(v, Admitted) for v in flood) == 2
+    assert all(reason(v) == Reason.BUSY for v in flood[2:])
+    assert isinstance(deliver(intake, offer(OTHER)), Admitted)
+
+
+def test_the_queue_serves_offerers_in_turn() -> None:
+    intake, _ = make_intake(queue_size=32, queue_per_offerer=16, burst_per_offerer=100)
+    for _ in range(5):
+        deliver(intake, offer())
+    deliver(intake, offer(OTHER))
+    order = [intake.jobs.receive_nowait().received.offer.offerer for _ in range(6)]
+    # The other offerer's one job is served second, not behind the first offerer's backlog.
+    assert order[1] == OTHER.public_key and order.count(OFFERER.public_key) == 5
+
+
+def test_an_offer_refused_busy_rate_limited_or_unavailable_can_be_sent_again() -> None:
+    """The id is spent only on admission: a refusal that says "not now" must not turn the retry into `replayed`."""
+    participating = [False]
+    clock = Clock()
+    intake = Intake(
+        IntakePolicy(queue_size=1, queue_per_offerer=1, rate_per_offerer=1, burst_per_offerer=1),
+        participating=lambda: participating[0],
+        clock_ms=lambda: NOW,
+        monotonic=clock,
+    )
+    unavailable, busy, limited = offer(), offer(), offer()
+    assert reason(deliver(intake, unavailable)) == Reason.SANDBOX_UNAVAILABLE
+    participating[0] = True
+    assert isinstance(deliver(intake, unavailable), Admitted)  # the same bytes, sent again
+    assert reason(deliver(intake, busy)) == Reason.BUSY  # the queue holds one
+    intake.jobs.receive_nowait()
+    clock.t += 1.0
+    assert isinstance(deliver(intake, busy), Admitted)
+    intake.jobs.receive_nowait()
+    assert reason(deliver(intake, limited)) == Reason.RATE_LIMITED  # the bucket was emptied by `busy`
+    clock.t += 1.0
+    assert isinstance(deliver(intake, limited), Admitted)
+    assert [reason(deliver(intake, raw)) for raw in (unavailable, busy, limited)] == [Reason.REPLAYED] * 3
+
+
+def test_a_rate_limited_flood_cannot_make_the_intake_forget_another_offerers_ids() -> None:
+    """One key's flood used to evict other offerers' ids from a shared cache, so a captured offer got in again."""
+    intake, clock = make_intake(replay_capacity=64, rate_per_offerer=1000, burst_per_offerer=1000, queue_size=1000)
+    captured = offer(OTHER)
+    assert isinstance(deliver(intake, captured), Admitted)
+    for _ in range(500):  # far past the whole memory's capacity
+        deliver(intake, offer())
+        clock.t += 0.01
+    assert reason(deliver(intake, captured)) == Reason.REPLAYED
+
+
+def test_a_full_replay_memory_refuses_rather_than_forgetting() -> None:
+    intake, _ = make_intake(replay_capacity=3, burst_per_offerer=100, queue_size=100, queue_per_offerer=100)
+    first = offer()
+    verdicts = [deliver(intake, raw) for raw in [first, offer(), offer(), offer(OTHER)]]
+    assert [isinstance(v, Admitted) for v in verdicts] == [True, True, True, False]
+    assert reason(verdicts[3]) == Reason.BUSY
+    assert reason(deliver(intake, first)) == Reason.REPLAYED
 
 
 def test_a_flooding_offerer_is_rate_limited_while_another_is_served() -> None:

@@ -40,6 +40,8 @@ class QueueReason(enum.StrEnum):
     SANDBOX_REQUIRED = SANDBOX_REQUIRED
     BUSY = "busy"
     ABORTED = "aborted"
+    # The node failed while handling the offer (a bug, not the program): another node may well run it.
+    NODE_ERROR = "node_error"
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,14 @@ AskStatus = Callable[[str], Awaitable[dict[str, Any] | Rejection]]
 LEASE_MARGIN_S = 15.0
 
 
+def _key_of(peer_id: str) -> bytes | None:
+    """The Ed25519 key a PeerID embeds, or None (a secp256k1 or RSA PeerID embeds another kind, or none)."""
+    try:
+        return public_key_of_peer_id(peer_id)
+    except ValueError:
+        return None
+
+
 @dataclass(slots=True)
 class _Grant:
     claimant: str
@@ -79,7 +87,7 @@ class ClaimDesk:
     def _live_grants(self, posted: PostedOffer) -> list[_Grant]:
         now = self._monotonic()
         delivered = {r.executor for r in posted.results}
-        return [g for g in posted.grants if g.deadline > now or public_key_of_peer_id(g.claimant) in delivered]
+        return [g for g in posted.grants if g.deadline > now or _key_of(g.claimant) in delivered]
 
     async def grant_claim(self, offer_id: bytes, claimant: str) -> Rejection | None:
         posted = self._posted.get(offer_id)
@@ -88,6 +96,10 @@ class ClaimDesk:
         offer = posted.received.offer
         if time.time() * 1000 > offer.expires_at_ms:
             return Rejection(Reason.EXPIRED, "the offer has expired")
+        if _key_of(claimant) is None:
+            # Its result could never be verified against its PeerID: granting would only strand the offer.
+            posted.refused += 1
+            return Rejection(Reason.CLAIM_REFUSED, "the claimant's PeerID embeds no Ed25519 key")
         mode = self.peers.sandbox_mode(claimant)
         if mode is None and self._ask_status is not None:
             # Heartbeats are flooded only every few seconds; rather than wait for the next one, ask the claimant
@@ -129,6 +141,11 @@ class ClaimDesk:
         posted.results.append(result)
         posted.done.set()
         return None
+
+    def undelivered_claimants(self, posted: PostedOffer) -> list[str]:
+        """PeerIDs granted a claim on `posted` that have not delivered a result."""
+        delivered = {r.executor for r in posted.results}
+        return [g.claimant for g in posted.grants if _key_of(g.claimant) not in delivered]
 
     def lapsed(self, offer_id: bytes) -> bool:
         """True when claims were granted, none is still live, and no result came: the offerer may re-offer."""

@@ -37,10 +37,14 @@ def public_key_of_peer_id(peer_id: str) -> bytes:
     """The raw Ed25519 key embedded in a PeerID. Raises ValueError for a PeerID that embeds no Ed25519 key."""
     from libp2p.peer.id import ID
 
-    key = ID.from_base58(peer_id).extract_public_key()
-    if key is None or len(key.to_bytes()) != PUBLIC_KEY_SIZE:
-        raise ValueError(f"PeerID {peer_id} does not embed an Ed25519 public key")
-    return bytes(key.to_bytes())
+    try:
+        key = ID.from_base58(peer_id).extract_public_key()
+        raw = None if key is None else bytes(key.to_bytes())
+    except Exception as exc:  # base58, multihash and protobuf each raise their own types for a bad PeerID
+        raise ValueError(f"{peer_id[:64]!r} is not a PeerID: {type(exc).__name__}") from None
+    if raw is None or len(raw) != PUBLIC_KEY_SIZE:
+        raise ValueError(f"PeerID {peer_id[:64]} does not embed an Ed25519 public key")
+    return raw
 
 
 @functools.lru_cache(maxsize=4096)

@@ -38,6 +38,16 @@ class NodeMetrics:
         self.runs_in_flight = Gauge("edgecoder_runs_in_flight", "Sandbox runs holding a slot", registry=r)
         self.participating = Gauge("edgecoder_participating", "1 while the sandbox gate admits remote work", registry=r)
         self.claims = Counter("edgecoder_claims", "Claims asked for, by outcome", ["outcome"], registry=r)
+        self.job_failures = Counter(
+            "edgecoder_job_failures",
+            "Offers whose handling failed inside the node (answered execution-failed)",
+            registry=r,
+        )
+        self.abandoned = Counter(
+            "edgecoder_jobs_abandoned",
+            "Admitted offers whose offerer stopped waiting (aborted or disconnected)",
+            registry=r,
+        )
 
         # Label lookups cost microseconds, and the intake's budget per offer is tight: keep the children.
         self._admitted: dict[str, Any] = {}

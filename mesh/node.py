@@ -7,12 +7,13 @@ signs the result and hands it back to the transport that brought the offer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +38,14 @@ from mesh.metrics import NodeMetrics
 from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
-from transports.direct import DirectTransport
+from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
 from transports.p2p import P2PHost, open_host
 
 log = structlog.get_logger("edgecoder.node")
+
+# How many run offer ids `MeshNode.ran` keeps.
+RAN_HISTORY = 10_000
 
 
 @dataclass
@@ -74,6 +78,9 @@ class OfferOutcome:
 
     result: TaskResult | None = None
     refusal: Rejection | None = None
+    # Gossip only: claim requests the offerer refused for this offer (it was already claimed, or the claimant
+    # cannot sandbox), over every attempt.
+    claims_refused: int = 0
 
     @property
     def ok(self) -> bool:
@@ -100,7 +107,7 @@ class MeshNode:
         )
         self.executor = executor
         self.p2p = p2p
-        self.direct = DirectTransport(p2p, self.intake, self.desk, status=self.heartbeat)
+        self.direct = DirectTransport(p2p, self.intake, self.desk, status=self.heartbeat, abort=self._abort_from_peer)
         self.gossip = GossipTransport(
             p2p,
             self.intake,
@@ -114,7 +121,8 @@ class MeshNode:
         self._draining = False
         self._workers_left = 0
         self._workers_done = trio.Event()
-        self.ran: list[bytes] = []  # offer ids whose code this node ran in a container, for tests and simulations
+        # Offer ids whose code this node ran in a container, newest last, for tests, simulations and `jobs`; bounded.
+        self.ran: collections.deque[bytes] = collections.deque(maxlen=RAN_HISTORY)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -207,7 +215,7 @@ class MeshNode:
     async def _work(self) -> None:
         try:
             async for job in self.intake.jobs:
-                await self._handle(job)
+                await self._handle_guarded(job)
         finally:
             self._workers_left -= 1
             if self._workers_left == 0:
@@ -224,27 +232,72 @@ class MeshNode:
         with trio.move_on_after(grace):
             await self._workers_done.wait()
 
-    async def _handle(self, job: Job) -> None:
+    async def _handle_guarded(self, job: Job) -> None:
+        """The error boundary of one job: whatever goes wrong is this offer's failure, never the node's.
+
+        It is logged with the offer id, counted, and answered with a signed `execution-failed` result (unless an
+        answer already went out); the worker then takes the next job. Cancellation is not caught here: the node's
+        own shutdown still stops the worker.
+        """
+        offer = job.received.offer
+        answered = False
+
+        async def answer(result: ExecResult) -> None:
+            nonlocal answered
+            answered = True
+            await self._reply(job, result)
+
+        try:
+            await self._handle(job, answer)
+        except Exception as exc:
+            self.metrics.job_failures.inc()
+            log.exception("job failed", offer=offer.offer_id.hex(), transport=job.delivery.transport)
+            if not answered:
+                failure = refusal(
+                    f"the node failed while handling this offer ({type(exc).__name__})",
+                    error_kind=ErrorKind.EXECUTION_FAILED,
+                    queue_reason=QueueReason.NODE_ERROR,
+                )
+                try:
+                    await self._reply(job, failure)
+                except Exception:
+                    log.exception("could not answer a failed job", offer=offer.offer_id.hex())
+        finally:
+            self.intake.finished(job)
+
+    async def _handle(self, job: Job, answer: Callable[[ExecResult], Awaitable[None]]) -> None:
         offer = job.received.offer
         if self._draining:
-            result = refusal("node shutting down", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED)
-        elif not self.gate.participating:
+            await answer(refusal("node shutting down", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED))
+            return
+        if not self.gate.participating:
             # Admitted before the gate closed: the offerer still gets a signed, typed answer.
-            result = refusal(
-                "sandbox_unavailable",
-                error_kind=ErrorKind.SANDBOX_VIOLATION,
-                queue_reason=QueueReason.SANDBOX_UNAVAILABLE,
+            await answer(
+                refusal(
+                    "sandbox_unavailable",
+                    error_kind=ErrorKind.SANDBOX_VIOLATION,
+                    queue_reason=QueueReason.SANDBOX_UNAVAILABLE,
+                )
             )
-        else:
-            try:
-                granted = await job.delivery.claim()
-            except Exception as exc:  # a transport failure while claiming is the claim lost, not a crash
-                log.warning("claim failed", offer=offer.offer_id.hex(), error=repr(exc))
-                granted = False
-            self.metrics.claims.labels("granted" if granted else "refused").inc()
+            return
+        # The transport owns this scope and cancels it when the offerer stops waiting: the cancel reaches the
+        # claim, or the container, which the executor then kills.
+        granted = False
+        result: ExecResult | None = None
+        with job.delivery.scope:
+            granted = await self._claim(job)
+            if granted:
+                result = await self._run(job)
+        if job.delivery.scope.cancelled_caught:
+            log.info("offer abandoned by its offerer", offer=offer.offer_id.hex(), claimed=granted)
+            self.metrics.abandoned.inc()
             if not granted:
                 return
-            result = await self._run(job)
+            result = refusal(
+                "the offerer stopped waiting", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED
+            )
+        if result is None:
+            return  # the claim went to another node
         log.info(
             "offer answered",
             offer=offer.offer_id.hex(),
@@ -255,6 +308,19 @@ class MeshNode:
             duration_ms=result.duration_ms,
             waited_ms=round((time.monotonic() - job.admitted_at) * 1000) - result.duration_ms,
         )
+        await answer(result)
+
+    async def _claim(self, job: Job) -> bool:
+        try:
+            granted = await job.delivery.claim()
+        except Exception as exc:  # a transport failure while claiming is the claim lost, not a crash
+            log.warning("claim failed", offer=job.received.offer.offer_id.hex(), error=repr(exc))
+            granted = False
+        self.metrics.claims.labels("granted" if granted else "refused").inc()
+        return granted
+
+    async def _reply(self, job: Job, result: ExecResult) -> None:
+        offer = job.received.offer
         signed = TaskResult(offer.offer_id, job.received.digest, self.identity.public_key, result).sign(self.identity)
         try:
             await job.delivery.reply(signed)
@@ -314,30 +380,61 @@ class MeshNode:
 
         A claim that lapses without a result (the claimant crashed, or lied) is re-offered under a fresh offer id,
         while time remains: the old id stays spent in every replay cache, so it cannot be run twice by accident.
+        However this ends (a result, a timeout, the caller giving up), every claimant still holding a claim without
+        having delivered is told to abort, and the offers leave the claim desk.
         """
         deadline = trio.current_time() + timeout
         attempts: list[PostedOffer] = []  # a late result for an earlier attempt still counts
-        while True:
-            received = parse_offer(raw)
-            offer_id = received.offer.offer_id
-            attempts.append(self.desk.post(received))
-            refusal = await self.gossip.publish_offer(raw)
-            if refusal is not None:
-                return OfferOutcome(refusal=refusal)
-            while not self.desk.lapsed(offer_id) and trio.current_time() < deadline:
-                if any(a.results for a in attempts):
-                    break
-                with trio.move_on_after(0.1):
-                    await attempts[-1].done.wait()
+        try:
+            while True:
+                received = parse_offer(raw)
+                offer_id = received.offer.offer_id
+                attempts.append(self.desk.post(received))
+                refusal = await self.gossip.publish_offer(raw)
+                if refusal is not None:
+                    return OfferOutcome(refusal=refusal)
+                while not self.desk.lapsed(offer_id) and trio.current_time() < deadline:
+                    if any(a.results for a in attempts):
+                        break
+                    with trio.move_on_after(0.1):
+                        await attempts[-1].done.wait()
+                refused = sum(a.refused for a in attempts)
+                for attempt in attempts:
+                    if attempt.results:
+                        return OfferOutcome(result=attempt.results[0], claims_refused=refused)
+                lapsed = self.desk.lapsed(offer_id)
+                if not lapsed or trio.current_time() >= deadline or received.offer.offerer != self.identity.public_key:
+                    why = "claims lapsed without a result" if lapsed else "no result in time"
+                    return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, why), claims_refused=refused)
+                log.info("re-offering after a lapsed claim", offer=offer_id.hex())
+                raw = self._reissue(received.offer)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._abort_undelivered(attempts)
             for attempt in attempts:
-                if attempt.results:
-                    return OfferOutcome(result=attempt.results[0])
-            lapsed = self.desk.lapsed(offer_id)
-            if not lapsed or trio.current_time() >= deadline or received.offer.offerer != self.identity.public_key:
-                why = "claims lapsed without a result" if lapsed else "no result in time"
-                return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, why))
-            log.info("re-offering after a lapsed claim", offer=offer_id.hex())
-            raw = self._reissue(received.offer)
+                self.desk.withdraw(attempt.received.offer.offer_id)
+
+    async def _abort_undelivered(self, attempts: list[PostedOffer]) -> None:
+        """Tell each claimant that holds a claim and delivered nothing to stop: nobody waits for its result now."""
+        targets = [
+            (claimant, attempt.received.offer.offer_id)
+            for attempt in attempts
+            for claimant in self.desk.undelivered_claimants(attempt)
+        ]
+        if not targets:
+            return
+        with trio.move_on_after(2 * ABORT_SEND_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for claimant, offer_id in targets:
+                    nursery.start_soon(self.direct.send_abort, claimant, offer_id)
+
+    def _abort_from_peer(self, sender: str, offer_id: bytes) -> bool:
+        """An abort that arrived over the abort protocol: only the offer's own offerer may send it."""
+        try:
+            offerer = public_key_of_peer_id(sender)
+        except ValueError:
+            return False
+        return self.intake.abort(offerer, offer_id)
 
     def _reissue(self, offer: TaskOffer) -> bytes:
         """The same work under a new id and a fresh lifetime."""

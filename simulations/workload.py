@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,7 @@ class Instruments:
     sends: SendCounter = field(default_factory=SendCounter)
     execs: ExecProbe = field(default_factory=ExecProbe)
     # Every incarnation's `node.ran`: a restarted node is a new MeshNode, and its predecessor's runs still count.
-    ran_lists: list[list[bytes]] = field(default_factory=list)
+    ran_lists: list[deque[bytes]] = field(default_factory=list)
 
     def attach(self, cluster: Cluster) -> None:
         cluster.on_open.append(self._on_open)

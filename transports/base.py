@@ -1,8 +1,9 @@
 """The one narrow interface between every transport and the node.
 
 A transport turns bytes into a `Delivery` and hands it to an `OfferSink` (the node's intake). It knows nothing of
-Docker, of policy or of how the work is run: it only knows how to ask the offerer for the work (`claim`) and how to
-carry the signed result back (`reply`), because those are properties of the wire it owns.
+Docker, of policy or of how the work is run: it only knows how to ask the offerer for the work (`claim`), how to
+carry the signed result back (`reply`), and when the offerer has stopped waiting (`scope`), because those are
+properties of the wire it owns.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import trio
 
 from mesh.reasons import Rejection
 
@@ -32,6 +35,10 @@ class Delivery:
     sender: str | None
     reply: ReplyFn
     claim: ClaimFn = field(default=_no_claim_needed)
+    # The job's cancel scope, owned by the transport: it cancels it when the offerer stops waiting (its stream
+    # closed or timed out, or it sent an abort). The worker runs the job inside it, so the cancel reaches the
+    # container. A scope may be cancelled before the worker enters it: the job then never starts.
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,14 @@ are canonical msgpack maps:
 
     {"type": "result", "result": <signed result bytes>}     offer stream, after the work ran
     {"type": "grant"}                                        claim stream
-    {"type": "ack"}                                          result stream
+    {"type": "ack"}                                          result and abort streams
     {"type": "refusal", "reason": <Reason>, "detail": str}   any stream
+
+A job is bound to the request that brought it. On an offer stream the offerer may send one more frame while it
+waits, `{"type": "abort"}`; that frame, the stream's end or reset, or the result timeout cancel the job's scope
+(`Delivery.scope`), and the cancel reaches the container. A gossip offerer that stops waiting sends
+`{"type": "abort", "offerId": id}` on the abort protocol to each peer holding its claim; only the offerer itself
+(the Noise-authenticated PeerID of the stream) can abort its offers.
 
 Every server handler is bounded in time (a stalled peer costs at most `stall_timeout`, an admitted offer at most
 `result_timeout`), answers with a typed refusal where the stream still allows it, and never raises into libp2p.
@@ -15,6 +21,7 @@ Every server handler is bounded in time (a stalled peer costs at most `stall_tim
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +45,8 @@ RESULT_PROTOCOL = "/edgecoder/result/1.0.0"
 # A peer's current heartbeat, asked for point to point: an offerer that has not yet heard a claimant's flooded
 # heartbeat asks it directly (over Noise, so the answer is authenticated) instead of waiting for the next one.
 STATUS_PROTOCOL = "/edgecoder/status/1.0.0"
+# The offerer of a gossip offer tells its claimant that it stopped waiting.
+ABORT_PROTOCOL = "/edgecoder/abort/1.0.0"
 
 # A signed result plus the answer map around it.
 MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
@@ -46,12 +55,23 @@ MAX_CONTROL_FRAME = 4 * 1024
 # Bounds a write to a peer that stopped reading (its yamux window is full).
 WRITE_TIMEOUT = 5.0
 
-_FRAME_REASONS = {
+# A request that ends mid-frame is not a message; an answer that never arrives whole is a failed link.
+_REQUEST_FRAME_REASONS = {
     FrameFault.TOO_LARGE: Reason.TOO_LARGE,
     FrameFault.TIMEOUT: Reason.TIMEOUT,
-    # EOF in the middle of a frame: what arrived is not a message.
     FrameFault.CLOSED: Reason.MALFORMED,
 }
+_ANSWER_FRAME_REASONS = {
+    FrameFault.TOO_LARGE: Reason.TOO_LARGE,
+    FrameFault.TIMEOUT: Reason.TIMEOUT,
+    # The stream closed or was reset before the answer: nobody answered, which is not the peer refusing. Gossip
+    # then goes on to the offerer's other addresses.
+    FrameFault.CLOSED: Reason.UNREACHABLE,
+}
+# An abort is one small frame, sent while the offerer is already giving up: it must not hold it for long.
+ABORT_SEND_TIMEOUT = 1.0
+# Asked whether a peer's offer with this id is pending here; True when one was cancelled.
+AbortFn = Callable[[str, bytes], bool]
 
 
 class OfferDesk(Protocol):
@@ -98,6 +118,17 @@ def decode_answer(frame: bytes, expected: str) -> dict[str, Any] | Rejection:
     if kind != expected:
         return Rejection(Reason.MALFORMED, f"expected a {expected!r} answer, got {str(kind)[:32]!r}")
     return answer
+
+
+def decode_request(frame: bytes) -> dict[str, Any] | Rejection:
+    """A control request map, or `malformed`."""
+    try:
+        request = unpack_strict(frame, max_size=MAX_CONTROL_FRAME)
+    except Rejected as exc:
+        return exc.rejection
+    if not isinstance(request, dict):
+        return Rejection(Reason.MALFORMED, "request is not a map")
+    return request
 
 
 def _remote_peer(stream: INetStream) -> str:
@@ -168,9 +199,11 @@ class DirectTransport:
         stall_timeout: float = 10.0,
         result_timeout: float = 120.0,
         status: Callable[[], dict[str, Any]] | None = None,
+        abort: AbortFn | None = None,
     ) -> None:
         self.host = host
         self.status = status
+        self.abort = abort
         self.sink = sink
         self.desk = desk
         self.max_frame = max_frame
@@ -179,11 +212,14 @@ class DirectTransport:
         # Refusals we sent, by reason, and handlers currently running (tests prove a stalled one is freed).
         self.refused: Counter[str] = Counter()
         self.active_handlers = 0
+        self.aborted = 0  # jobs cancelled because their offerer stopped waiting
         host.set_handler(OFFER_PROTOCOL, self._guarded(self._serve_offer))
         host.set_handler(CLAIM_PROTOCOL, self._guarded(self._serve_claim))
         host.set_handler(RESULT_PROTOCOL, self._guarded(self._serve_result))
         if status is not None:
             host.set_handler(STATUS_PROTOCOL, self._guarded(self._serve_status))
+        if abort is not None:
+            host.set_handler(ABORT_PROTOCOL, self._guarded(self._serve_abort))
 
     # -- server side -------------------------------------------------------------------------------------------
 
@@ -212,7 +248,7 @@ class DirectTransport:
         try:
             return await read_frame(stream, max_len=max_len, timeout=self.stall_timeout)
         except FrameError as exc:
-            await self._refuse(stream, Rejection(_FRAME_REASONS[exc.reason], exc.detail))
+            await self._refuse(stream, Rejection(_REQUEST_FRAME_REASONS[exc.reason], exc.detail))
             return None
 
     async def _serve_offer(self, stream: INetStream) -> None:
@@ -223,33 +259,67 @@ class DirectTransport:
             await self._refuse(stream, Rejection(Reason.SANDBOX_UNAVAILABLE, "this node is not taking offers"))
             return
         exchange = _OfferExchange(stream)
-        with trio.move_on_after(self.result_timeout):
-            verdict = await self.sink.deliver(
-                Delivery(raw, "direct", sender=_remote_peer(stream), reply=exchange.reply)
-            )
-            if not isinstance(verdict, Admitted):
-                await self._refuse(stream, verdict)
-                return
-            await exchange.answered.wait()
+        delivery = Delivery(raw, "direct", sender=_remote_peer(stream), reply=exchange.reply)
+        verdict = await self.sink.deliver(delivery)
+        if not isinstance(verdict, Admitted):
+            await self._refuse(stream, verdict)
             return
-        if await exchange.expire():
-            self.refused[str(Reason.TIMEOUT)] += 1
+        async with trio.open_nursery() as nursery:
+            # The offerer's side of the stream: an abort frame, or its end, means nobody waits for this job now
+            # (the watcher then cancels the job and this whole wait).
+            nursery.start_soon(self._watch_offerer, stream, delivery.scope, nursery.cancel_scope)
+            with trio.move_on_after(self.result_timeout) as timer:
+                await exchange.answered.wait()
+            nursery.cancel_scope.cancel()
+        if timer.cancelled_caught:
+            delivery.scope.cancel()  # nobody will read a result after the timeout: stop the run
+            if await exchange.expire():
+                self.refused[str(Reason.TIMEOUT)] += 1
 
-    async def _serve_claim(self, stream: INetStream) -> None:
+    async def _watch_offerer(self, stream: INetStream, job: trio.CancelScope, waiting: trio.CancelScope) -> None:
+        try:
+            frame = await read_frame(stream, max_len=MAX_CONTROL_FRAME, timeout=math.inf)
+        except FrameError:
+            frame = None  # closed or reset: the offerer went away
+        if frame is not None:
+            request = decode_request(frame)
+            if not (isinstance(request, dict) and request.get("type") == "abort"):
+                return  # anything else on an offer stream is noise; the job goes on
+        self.aborted += 1
+        job.cancel()
+        waiting.cancel()
+
+    async def _serve_abort(self, stream: INetStream) -> None:
+        request = await self._read_control(stream, "abort")
+        if request is None:
+            return
+        assert self.abort is not None
+        if self.abort(_remote_peer(stream), request["offerId"]):
+            self.aborted += 1
+            await _send(stream, {"type": "ack"})
+        else:
+            await self._refuse(stream, Rejection(Reason.UNKNOWN_OFFER, "no pending offer of yours has that id here"))
+
+    async def _read_control(self, stream: INetStream, kind: str) -> dict[str, Any] | None:
+        """A `{type: kind, offerId: 16 bytes}` request, or None once a refusal has been sent."""
         frame = await self._read_request(stream, MAX_CONTROL_FRAME)
         if frame is None:
-            return
-        try:
-            request = unpack_strict(frame, max_size=MAX_CONTROL_FRAME)
-        except Rejected as exc:
-            await self._refuse(stream, exc.rejection)
-            return
-        is_claim = isinstance(request, dict) and request.get("type") == "claim"
-        offer_id = request.get("offerId") if is_claim else None
+            return None
+        request = decode_request(frame)
+        if isinstance(request, Rejection):
+            await self._refuse(stream, request)
+            return None
+        offer_id = request.get("offerId") if request.get("type") == kind else None
         if not isinstance(offer_id, bytes) or len(offer_id) != OFFER_ID_SIZE:
-            await self._refuse(stream, Rejection(Reason.MALFORMED, "expected {type: claim, offerId: 16 bytes}"))
+            await self._refuse(stream, Rejection(Reason.MALFORMED, f"expected {{type: {kind}, offerId: 16 bytes}}"))
+            return None
+        return request
+
+    async def _serve_claim(self, stream: INetStream) -> None:
+        request = await self._read_control(stream, "claim")
+        if request is None:
             return
-        await self._answer_from_desk(stream, self.desk.grant_claim(offer_id, _remote_peer(stream)), "grant")
+        await self._answer_from_desk(stream, self.desk.grant_claim(request["offerId"], _remote_peer(stream)), "grant")
 
     async def _serve_result(self, stream: INetStream) -> None:
         raw = await self._read_request(stream, MAX_RESULT_FRAME)
@@ -278,9 +348,21 @@ class DirectTransport:
     # -- client side -------------------------------------------------------------------------------------------
 
     async def _exchange(
-        self, peer: str, protocol: str, payload: bytes, expected: str, *, answer_timeout: float, max_answer: int
+        self,
+        peer: str,
+        protocol: str,
+        payload: bytes,
+        expected: str,
+        *,
+        answer_timeout: float,
+        max_answer: int,
+        abort_frame: bytes | None = None,
     ) -> dict[str, Any] | Rejection:
-        """Send one request frame and read one answer. Network failures become a `timeout` refusal."""
+        """Send one request frame and read one answer. A failed link is `unreachable`, never the peer's refusal.
+
+        With `abort_frame`, a caller that stops waiting (its scope is cancelled: Ctrl-C, its own deadline) first
+        sends that frame on the stream, so that the peer stops the work too.
+        """
         try:
             peer_id = await self.host.ensure_connected(peer)
             stream = await self.host.open_stream(peer_id, protocol)
@@ -295,10 +377,16 @@ class DirectTransport:
             try:
                 frame = await read_frame(stream, max_len=max_answer, timeout=answer_timeout)
             except FrameError as exc:
-                return Rejection(_FRAME_REASONS[exc.reason], f"answer from {peer_id}: {exc.detail}")
+                return Rejection(_ANSWER_FRAME_REASONS[exc.reason], f"answer from {peer_id}: {exc.detail}")
+            except trio.Cancelled:
+                if abort_frame is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(ABORT_SEND_TIMEOUT):
+                        await write_frame(stream, abort_frame)
+                raise
             return decode_answer(frame, expected)
         finally:
-            await _close(stream)
+            with trio.CancelScope(shield=True):
+                await _close(stream)
 
     async def send_offer(self, maddr_or_peer: str, offer_raw: bytes) -> DirectAnswer:
         """Offer work directly to one peer and wait for its signed result (or its refusal)."""
@@ -310,6 +398,7 @@ class DirectTransport:
             # The executor's own deadline plus a margin for the round trip: the server times out first.
             answer_timeout=self.result_timeout + self.stall_timeout,
             max_answer=MAX_RESULT_FRAME,
+            abort_frame=pack({"type": "abort"}),
         )
         if isinstance(answer, Rejection):
             return DirectAnswer(None, answer)
@@ -346,6 +435,18 @@ class DirectTransport:
         if not isinstance(heartbeat, dict):
             return Rejection(Reason.MALFORMED, "status answer carries no heartbeat")
         return heartbeat
+
+    async def send_abort(self, peer: str, offer_id: bytes) -> Rejection | None:
+        """Tell a claimant that this node, the offerer, no longer waits for `offer_id`. None means it stopped it."""
+        answer = await self._exchange(
+            peer,
+            ABORT_PROTOCOL,
+            pack({"type": "abort", "offerId": offer_id}),
+            "ack",
+            answer_timeout=ABORT_SEND_TIMEOUT,
+            max_answer=MAX_CONTROL_FRAME,
+        )
+        return answer if isinstance(answer, Rejection) else None
 
     async def send_result(self, peer: str, result_raw: bytes) -> Rejection | None:
         """Carry a signed result back to the offerer. None means acknowledged."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -162,6 +163,9 @@ def test_unknown_agent_is_refused(coordinator: CoordinatorProcess) -> None:
 
 def test_bad_json_and_bad_mode_are_malformed(agent: AgentClient) -> None:
     refusal(agent.post("/agents/heartbeat", b"not json"), 400, "malformed")
+    # Deep nesting used to answer 500 and log a traceback (RecursionError); it is a typed refusal like any other.
+    refusal(agent.post("/agents/heartbeat", b"[" * 1500 + b"]" * 1500), 400, "malformed")
+    refusal(agent.post("/agents/heartbeat", b'{"sandboxMode": [[["docker"]]]}'), 400, "malformed")
     refusal(agent.post("/agents/heartbeat", {"sandboxMode": "host"}), 400, "malformed")
     refusal(agent.post("/agents/heartbeat", {"sandboxMode": "docker", "extra": 1}), 400, "malformed")
 
@@ -178,6 +182,8 @@ def test_enqueue_verifies_the_offer(coordinator: CoordinatorProcess) -> None:
     refusal(httpx.post(f"{coordinator.url}/tasks", content=b"\x93\x01\x02"), 422, "malformed")
     stale = signed_offer(offerer, issued_at_ms=signing.now_ms() - 600_000, ttl_ms=60_000)
     refusal(httpx.post(f"{coordinator.url}/tasks", content=stale), 422, "expired")
+    asks_host = signed_offer(offerer, sandbox="host")
+    refusal(httpx.post(f"{coordinator.url}/tasks", content=asks_host), 422, "sandbox_required_for_remote_task")
     task_id = enqueue(coordinator, raw)
     refusal(httpx.post(f"{coordinator.url}/tasks", content=raw), 409, "duplicate_task")
     status = httpx.get(f"{coordinator.url}/tasks/{task_id}").json()
@@ -240,15 +246,6 @@ def test_forged_and_misdirected_results_are_refused(coordinator: CoordinatorProc
 
 def test_release_dispositions(coordinator: CoordinatorProcess, agent: AgentClient) -> None:
     task_id, _ = claim_one(coordinator, agent)
-    assert (
-        agent.post(f"/tasks/{task_id}/release", {"reason": "malformed", "detail": "x"}).json()["disposition"]
-        == "failed"
-    )
-    assert rows(coordinator.db, "SELECT state, reason FROM tasks WHERE task_id = ?", task_id) == [
-        ("failed", "malformed")
-    ]
-
-    task_id, _ = claim_one(coordinator, agent)
     answer = agent.post(f"/tasks/{task_id}/release", {"reason": "language_not_allowed"}).json()
     assert answer["disposition"] == "requeue_elsewhere"
     assert rows(coordinator.db, "SELECT state FROM tasks WHERE task_id = ?", task_id) == [("queued",)]
@@ -263,6 +260,67 @@ def test_release_dispositions(coordinator: CoordinatorProcess, agent: AgentClien
     other.close()
 
     refusal(agent.post(f"/tasks/{task_id}/release", {"reason": "no_such_reason"}), 400, "malformed")
+
+
+@pytest.mark.parametrize("blame", ["bad_signature", "malformed", "expired", "sandbox_required_for_remote_task"])
+def test_an_agent_cannot_fail_a_good_task_by_blaming_the_offer(
+    coordinator: CoordinatorProcess, agent: AgentClient, blame: str
+) -> None:
+    """The coordinator checks the offer again: a good offer is only kept from the agent that lied about it."""
+    task_id, _ = claim_one(coordinator, agent)
+    answer = agent.post(f"/tasks/{task_id}/release", {"reason": blame, "detail": "trust me"}).json()
+    assert answer["disposition"] == "requeue_elsewhere"
+    assert rows(coordinator.db, "SELECT state FROM tasks WHERE task_id = ?", task_id) == [("queued",)]
+    other = AgentClient(coordinator.url)
+    other.register()
+    while (task := other.pull().json()["task"]) is not None and task["taskId"] != task_id:
+        pass
+    assert task is not None  # another agent still gets it
+    other.close()
+
+
+def test_a_release_that_blames_a_really_bad_offer_fails_the_task(tmp_path: Path) -> None:
+    with CoordinatorProcess(tmp_path / "state.db", "--offer-skew", "0") as coordinator:
+        agent = AgentClient(coordinator.url)
+        agent.register()
+        raw = signed_offer(ttl_ms=1500)
+        task_id = enqueue(coordinator, raw)
+        assert agent.pull().json()["task"]["taskId"] == task_id
+        from mesh.offers import parse_offer
+
+        expires = parse_offer(raw).offer.expires_at_ms
+        wait_until(lambda: signing.now_ms() > expires + 50, what="the offer to expire")
+        answer = agent.post(f"/tasks/{task_id}/release", {"reason": "expired"}).json()
+        assert answer["disposition"] == "failed"
+        ((state, reason, detail),) = rows(coordinator.db, "SELECT state, reason, detail FROM tasks")
+        assert (state, reason) == ("failed", "expired") and detail.startswith("confirmed by the coordinator")
+        agent.close()
+
+
+def test_tables_are_capped_and_the_refusal_says_when_to_retry(tmp_path: Path) -> None:
+    options = ("--max-queued-per-offerer", "2", "--max-queued", "3", "--max-agents", "2")
+    with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
+        offerer = NodeIdentity.generate()
+        for _ in range(2):
+            enqueue(coordinator, signed_offer(offerer))
+        response = httpx.post(f"{coordinator.url}/tasks", content=signed_offer(offerer))
+        refusal(response, 503, "busy")
+        assert response.headers["retry-after"] == "5"
+        enqueue(coordinator, signed_offer())  # another offerer still gets in, up to the total
+        refusal(httpx.post(f"{coordinator.url}/tasks", content=signed_offer()), 503, "busy")
+        agents = [AgentClient(coordinator.url) for _ in range(3)]
+        assert [a.register().status_code for a in agents] == [200, 200, 503]
+        assert agents[0].register().status_code == 200  # a known agent may always register again
+        for a in agents:
+            a.close()
+
+
+def test_stats_are_aggregate_counts_that_name_nobody(coordinator: CoordinatorProcess, agent: AgentClient) -> None:
+    stats = httpx.get(f"{coordinator.url}/stats").json()
+    assert set(stats) == {"tasks", "agents"}
+    assert set(stats["agents"]) == {"bySandboxMode", "pullRequests", "refusedPulls"}
+    assert stats["agents"]["bySandboxMode"]["docker"] >= 1
+    assert agent.agent not in json.dumps(stats)
 
 
 # -- the sandbox rule ----------------------------------------------------------------------------------------------
@@ -290,3 +348,44 @@ def test_pull_from_agent_without_sandbox_claims_nothing(coordinator: Coordinator
 def test_unknown_paths_get_typed_refusals(coordinator: CoordinatorProcess) -> None:
     refusal(httpx.get(f"{coordinator.url}/nope"), 404, "not_found")
     refusal(httpx.get(f"{coordinator.url}/tasks/not-hex"), 400, "malformed")
+
+
+def test_retention_deletes_finished_tasks_and_silent_agents_but_never_an_unexpired_offer(tmp_path: Path) -> None:
+    from mesh.coordinator.store import Store
+
+    store = Store(tmp_path / "state.db")
+    now = 10_000_000
+    for n, (state, expires_at) in enumerate([("done", now - 100_000), ("failed", now + 100_000), ("queued", 0)]):
+        store.enqueue(f"{n:032x}", b"offer", b"d" * 32, "aa", expires_at, expires_at, now - 200_000)
+        if state != "queued":
+            store._db.execute("UPDATE tasks SET state = ?, updated_at = ? WHERE seq = ?", (state, now - 200_000, n + 1))
+    store.register("silent", "docker", now - 10**9)
+    store.register("recent", "docker", now)
+    deleted = store.purge(now, retention_ms=100_000, agent_retention_ms=1_000_000, skew_ms=30_000)
+    assert deleted == 1  # the done task whose offer expired long ago; not the failed one whose offer is still valid
+    remaining = {r[0] for r in store._db.execute("SELECT state FROM tasks")}
+    assert remaining == {"failed", "queued"}
+    assert {r[0] for r in store._db.execute("SELECT agent FROM agents")} == {"recent"}
+    store.close()
+
+
+def test_a_state_file_of_the_previous_schema_is_migrated(tmp_path: Path) -> None:
+    from mesh.coordinator.store import Store
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE tasks (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL UNIQUE, offer BLOB NOT "
+            "NULL, offer_digest BLOB NOT NULL, offerer TEXT NOT NULL, expires_at INTEGER NOT NULL, deadline INTEGER "
+            "NOT NULL, state TEXT NOT NULL, claimed_by TEXT, claimed_at INTEGER, claims INTEGER NOT NULL DEFAULT 0, "
+            "lapses INTEGER NOT NULL DEFAULT 0, result BLOB, reason TEXT, detail TEXT, enqueued_at INTEGER NOT NULL, "
+            "updated_at INTEGER NOT NULL)"
+        )
+        conn.execute("CREATE INDEX tasks_by_state ON tasks (state, seq)")
+        conn.execute(
+            "INSERT INTO tasks (task_id, offer, offer_digest, offerer, expires_at, deadline, state, enqueued_at, "
+            "updated_at) VALUES ('ab', x'00', x'00', 'o', 1, 1, 'queued', 77, 77)"
+        )
+    store = Store(path)
+    assert store._db.execute("SELECT ready_at FROM tasks").fetchone() == (77,)
+    store.close()

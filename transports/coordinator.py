@@ -25,6 +25,7 @@ import trio
 
 from mesh.coordinator import signing
 from mesh.identity import NodeIdentity
+from mesh.jsontext import JsonError, parse_json
 from mesh.reasons import Rejection
 from transports.base import Delivery, OfferSink, Verdict
 
@@ -33,17 +34,47 @@ log = structlog.get_logger("edgecoder.transports.coordinator")
 TRANSPORT_NAME = "coordinator"
 JSON = "application/json"
 OCTETS = "application/octet-stream"
-POST_ATTEMPTS = 4
+# A result is worth keeping: it is retried through a coordinator's overload (429, 5xx) for about two minutes.
+POST_ATTEMPTS = 8
+# Statuses after which the same request may well succeed later: rate limited, overloaded, or failing for now.
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_ANSWER_BYTES = 1 << 20
+DEFAULT_HEARTBEAT_S = 10.0
+MIN_HEARTBEAT_S = 0.05
+MAX_HEARTBEAT_S = 60.0
 
 
 class CoordinatorRefused(Exception):
     """The coordinator answered with a typed refusal `{"reason", "detail"}`."""
 
-    def __init__(self, status: int, reason: str, detail: str) -> None:
+    def __init__(self, status: int, reason: str, detail: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status} {reason}: {detail}")
         self.status = status
         self.reason = reason
         self.detail = detail
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in RETRYABLE_STATUSES
+
+
+def _retry_after(value: str | None, cap: float) -> float | None:
+    """`Retry-After` in seconds (the HTTP-date form is not used by our coordinator and is ignored), capped."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), cap) if seconds == seconds else None  # NaN is no advice
+
+
+def _json_answer(response: httpx.Response, path: str) -> Any:
+    try:
+        return parse_json(response.content, max_bytes=MAX_ANSWER_BYTES)
+    except JsonError as exc:
+        raise ValueError(f"{path} answered with JSON we do not take: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +159,10 @@ class CoordinatorPullTransport:
             self.registered.set()
             log.info("coordinator_registered", url=self.url, sandbox_mode=self.sandbox_mode())
             heartbeat_ms = answer.get("heartbeatMs")
-            return heartbeat_ms / 1000 if isinstance(heartbeat_ms, int) and heartbeat_ms > 0 else 10.0
+            if type(heartbeat_ms) is not int or heartbeat_ms <= 0:
+                return DEFAULT_HEARTBEAT_S
+            # A coordinator's advice, within reason: a 1 ms interval would have us flood it, a huge one go silent.
+            return min(max(heartbeat_ms / 1000, MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
 
     async def _heartbeat_forever(self, interval: float) -> None:
         while True:
@@ -152,8 +186,10 @@ class CoordinatorPullTransport:
             try:
                 task = await self._pull_once()
             except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
-                log.warning("coordinator_pull_failed", url=self.url, error=str(exc), retry_in=backoff)
-                await trio.sleep(backoff)
+                advised = exc.retry_after_s if isinstance(exc, CoordinatorRefused) else None
+                wait = backoff if advised is None else max(backoff, advised)
+                log.warning("coordinator_pull_failed", url=self.url, error=str(exc), retry_in=wait)
+                await trio.sleep(wait)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
             backoff = self.poll_interval
@@ -179,13 +215,14 @@ class CoordinatorPullTransport:
             # A wrong pin or someone in the middle: back off like any failure (each such answer holds a claim that
             # lingers until the task's deadline, so pulling fast would only strand more tasks).
             raise ValueError("the /pull answer is not signed by the pinned coordinator key")
+        answer = _json_answer(response, "/pull")
         try:
-            task = response.json()["task"]
+            task = answer["task"]
             if task is None:
                 return None
-            return PulledTask(str(task["taskId"]), base64.b64decode(task["offer"], validate=True))
-        except (KeyError, TypeError) as exc:  # ValueError (bad JSON, bad base64) passes through as it is
-            raise ValueError(f"/pull answered with an unexpected shape: {exc!r}") from None
+            return PulledTask(str(task["taskId"])[:64], base64.b64decode(task["offer"], validate=True))
+        except (KeyError, TypeError) as exc:  # ValueError (bad base64) passes through as it is
+            raise ValueError(f"/pull answered with an unexpected shape: {type(exc).__name__}") from None
 
     async def _deliver(self, task: PulledTask) -> Verdict:
         async def reply(raw: bytes) -> None:
@@ -207,7 +244,8 @@ class CoordinatorPullTransport:
             self.results_posted += 1
 
     async def _post_reliably(self, path: str, body: bytes, content_type: str, task_id: str, what: str) -> bool:
-        """Retries network failures a few times, not refusals: a refusal (the claim lapsed, say) will not change.
+        """Retries network failures and the refusals that say "later" (429, 5xx, honouring `Retry-After`), not the
+        ones that will not change (the claim lapsed, say).
 
         Lost for good, a release leaves the task claimed by this live agent until its deadline, and a result leaves
         it to lapse and be run again elsewhere; both are logged as errors for that reason.
@@ -220,14 +258,20 @@ class CoordinatorPullTransport:
             try:
                 await self._send("POST", path, body, content_type)
             except CoordinatorRefused as exc:
-                log.warning("coordinator_post_refused", what=what, task=task_id, reason=exc.reason, detail=exc.detail)
-                return False
+                if not exc.retryable:
+                    log.warning(
+                        "coordinator_post_refused", what=what, task=task_id, reason=exc.reason, detail=exc.detail
+                    )
+                    return False
+                wait = backoff if exc.retry_after_s is None else max(backoff, exc.retry_after_s)
+                log.warning("coordinator_post_deferred", what=what, task=task_id, status=exc.status, retry_in=wait)
+                await trio.sleep(wait)
             except httpx.HTTPError as exc:
                 log.warning("coordinator_post_failed", what=what, task=task_id, attempt=attempt, error=str(exc))
                 await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.max_backoff)
-                continue
-            return True
+            else:
+                return True
+            backoff = min(backoff * 2, self.max_backoff)
         log.error("coordinator_post_lost", what=what, task=task_id, attempts=POST_ATTEMPTS)
         return False
 
@@ -235,7 +279,7 @@ class CoordinatorPullTransport:
 
     async def _call_json(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         response, _ = await self._send("POST", path, json.dumps(payload).encode(), JSON)
-        answer = response.json()
+        answer = _json_answer(response, path)
         if not isinstance(answer, dict):
             raise ValueError(f"{path} answered with JSON that is not an object")
         return answer
@@ -250,8 +294,9 @@ class CoordinatorPullTransport:
         if response.is_success:
             return response, bytes.fromhex(headers[signing.NONCE])
         try:
-            refusal = response.json()
-            reason, detail = str(refusal["reason"]), str(refusal.get("detail", ""))
-        except (ValueError, KeyError, TypeError):
+            refusal = _json_answer(response, path)
+            reason, detail = str(refusal["reason"])[:64], str(refusal.get("detail", ""))[:500]
+        except (ValueError, KeyError, TypeError, AttributeError):
             reason, detail = "http_error", response.text[:200]
-        raise CoordinatorRefused(response.status_code, reason, detail)
+        advised = _retry_after(response.headers.get("retry-after"), self.max_backoff)
+        raise CoordinatorRefused(response.status_code, reason, detail, advised)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +27,10 @@ from mesh.coordinator.errors import CoordinatorReason, Refused
 from mesh.coordinator.release import disposition_of
 from mesh.coordinator.store import SANDBOX_MODES, ClaimedTask, Database, SandboxMode, Store
 from mesh.identity import NodeIdentity
+from mesh.jsontext import JsonError, parse_json
 from mesh.limits import RateLimiter
-from mesh.offers import MAX_RESULT_BYTES, open_offer, open_result
-from mesh.reasons import Reason, Rejected
+from mesh.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
+from mesh.reasons import Reason, Rejected, Rejection
 
 log = structlog.get_logger("edgecoder.coordinator")
 
@@ -47,10 +47,26 @@ class Settings:
     max_lapses: int = 3  # leases lost before the task fails instead of being requeued again
     # How long after an offer's expiry a claimed task may still report: its run may have started just in time.
     claim_grace_ms: int = 60_000
+    # Bounded tables. Finished tasks (done, failed, expired) are kept `retention_ms` for `GET /tasks/{id}`, then
+    # deleted; an agent silent for `agent_retention_ms` and holding no claim is forgotten (it registers again).
+    retention_ms: int = 24 * 3600 * 1000
+    agent_retention_ms: int = 7 * 24 * 3600 * 1000
+    max_queued: int = 10_000  # queued or claimed tasks, in all
+    max_queued_per_offerer: int = 1_000
+    max_agents: int = 10_000
+    # The clock skew allowed when checking offers (enqueue, and the re-check of a release that blames the offer).
+    offer_skew_ms: int = 30_000
+
+    @property
+    def offer_clock(self) -> ClockPolicy:
+        return ClockPolicy(max_skew_ms=self.offer_skew_ms)
 
 
 def _refused_response(exc: Refused) -> JSONResponse:
-    return JSONResponse(exc.to_json(), status_code=exc.status)
+    response = JSONResponse(exc.to_json(), status_code=exc.status)
+    if exc.retry_after_s is not None:
+        response.headers["retry-after"] = str(exc.retry_after_s)
+    return response
 
 
 def _codec_refusal(exc: Rejected) -> Refused:
@@ -61,9 +77,9 @@ def _codec_refusal(exc: Rejected) -> Refused:
 
 def _json_object(body: bytes, allowed: frozenset[str]) -> dict[str, Any]:
     try:
-        data = json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError):
-        raise Refused(CoordinatorReason.MALFORMED, "body is not JSON") from None
+        data = parse_json(body, max_depth=2) if body else {}
+    except JsonError as exc:
+        raise Refused(CoordinatorReason.MALFORMED, f"body is not a flat JSON object: {exc}") from None
     if not isinstance(data, dict):
         raise Refused(CoordinatorReason.MALFORMED, "body is not a JSON object")
     unknown = set(data) - allowed
@@ -162,7 +178,9 @@ class Coordinator:
         now = self.clock()
         verified = signing.verify_request(dict(request.headers), request.method, target, body, now=now)
         if not self.agent_rates.allow(verified.agent, trio.current_time()):
-            raise Refused(CoordinatorReason.RATE_LIMITED, "too many requests from this agent; slow down")
+            raise Refused(
+                CoordinatorReason.RATE_LIMITED, "too many requests from this agent; slow down", retry_after_s=1
+            )
         agent = verified.agent.hex()
         if not await self.db.call(
             Store.use_nonce, self.db.store, agent, verified.nonce.hex(), now, signing.NONCE_TTL_MS
@@ -189,7 +207,8 @@ class Coordinator:
         agent, body = await self._authenticate(request, MAX_JSON_BODY)
         mode = _sandbox_mode(_json_object(body, frozenset({"sandboxMode"})), required=True)
         assert mode is not None
-        await self.db.call(Store.register, self.db.store, agent, mode, self.clock())
+        if not await self.db.call(Store.register, self.db.store, agent, mode, self.clock(), self.settings.max_agents):
+            raise Refused(CoordinatorReason.BUSY, "the coordinator has as many agents as it holds", retry_after_s=60)
         log.info("agent_registered", agent=agent, sandbox_mode=mode)
         return JSONResponse(
             {"agent": agent, "leaseMs": self.settings.lease_ms, "heartbeatMs": self.settings.heartbeat_ms}
@@ -233,15 +252,19 @@ class Coordinator:
         """Submitters post a signed offer as the raw body. The offer's own signature is the authentication."""
         raw = await self._body(request, DEFAULT_MAX_MESSAGE_BYTES)
         try:
-            received = open_offer(raw)
+            received = open_offer(raw, clock=self.settings.offer_clock)
         except Rejected as exc:
             raise _codec_refusal(exc) from None
         offer = received.offer
         if not self.offerer_rates.allow(offer.offerer, trio.current_time()):
-            raise Refused(CoordinatorReason.RATE_LIMITED, "too many offers from this offerer; slow down")
+            raise Refused(
+                CoordinatorReason.RATE_LIMITED, "too many offers from this offerer; slow down", retry_after_s=1
+            )
+        if offer.sandbox != "docker":
+            raise Refused(str(Reason.SANDBOX_REQUIRED), "remote tasks run only in the sandbox; this asks for the host")
         task_id = offer.offer_id.hex()
         deadline = offer.expires_at_ms + offer.limits.timeout_ms + self.settings.claim_grace_ms
-        fresh = await self.db.call(
+        outcome = await self.db.call(
             Store.enqueue,
             self.db.store,
             task_id,
@@ -251,9 +274,14 @@ class Coordinator:
             offer.expires_at_ms,
             deadline,
             self.clock(),
+            self.settings.max_queued,
+            self.settings.max_queued_per_offerer,
         )
-        if not fresh:
+        if outcome == "duplicate":
             raise Refused(CoordinatorReason.DUPLICATE_TASK, "an offer with this id was already enqueued")
+        if outcome != "queued":
+            who = "this offerer has" if outcome == "offerer_full" else "the coordinator has"
+            raise Refused(CoordinatorReason.BUSY, f"{who} as many unfinished tasks as it holds", retry_after_s=5)
         log.info("task_enqueued", task=task_id, offerer=offer.offerer.hex())
         return JSONResponse({"taskId": task_id}, status_code=201)
 
@@ -317,6 +345,14 @@ class Coordinator:
         await self._touch(agent)
         await self._claimed_by(task_id, agent)
         disposition = disposition_of(reason)
+        if disposition == "failed":
+            # The agent blames the offer itself. Any agent can say so, so the coordinator checks the offer again
+            # before failing the task for everyone: an agent's word alone only keeps the task from that agent.
+            verdict = await self._recheck(task_id)
+            if verdict is None:
+                disposition = "requeue_elsewhere"
+            else:
+                reason, detail = verdict.reason, f"confirmed by the coordinator: {verdict.detail}"
         if not await self.db.call(
             Store.release, self.db.store, task_id, agent, disposition, str(reason), detail, self.clock()
         ):
@@ -324,5 +360,19 @@ class Coordinator:
         log.info("task_released", task=task_id, agent=agent, reason=str(reason), disposition=disposition)
         return JSONResponse({"taskId": task_id, "disposition": disposition})
 
+    async def _recheck(self, task_id: str) -> Rejection | None:
+        """The coordinator's own verdict on a stored offer now: None when it is a good offer."""
+        offer = await self.db.call(Store.offer_of, self.db.store, task_id)
+        if offer is None:
+            return Rejection(Reason.MALFORMED, "the offer is gone")
+        try:
+            received = open_offer(offer, clock=self.settings.offer_clock)
+        except Rejected as exc:
+            return exc.rejection
+        if received.offer.sandbox != "docker":
+            return Rejection(Reason.SANDBOX_REQUIRED, "the offer asks for the host")
+        return None
+
     async def stats(self, request: Request) -> Response:
+        """Aggregate counts only, of bounded size: nothing here identifies an agent or an offerer."""
         return JSONResponse(await self.db.call(Store.stats, self.db.store))

@@ -84,6 +84,43 @@ async def _serve_until_signalled(db: Path, host: str, port: int, settings: Setti
     show_default=True,
     help="Leases a task may lose before it fails.",
 )
+@click.option(
+    "--offer-skew",
+    "offer_skew_s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Clock skew allowed when checking an offer's issuedAt and expiresAt.",
+)
+@click.option(
+    "--retention",
+    "retention_s",
+    type=click.FloatRange(min=0),
+    default=24 * 3600.0,
+    show_default=True,
+    help="Seconds a finished task stays readable before it is deleted.",
+)
+@click.option(
+    "--max-queued",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Unfinished tasks held in all; past it, enqueue answers 503 busy.",
+)
+@click.option(
+    "--max-queued-per-offerer",
+    type=click.IntRange(min=1),
+    default=1_000,
+    show_default=True,
+    help="Unfinished tasks held for one offerer.",
+)
+@click.option(
+    "--max-agents",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Agents known at once; long-silent agents without a claim are forgotten.",
+)
 def coordinator(
     db: Path,
     listen: str,
@@ -93,6 +130,11 @@ def coordinator(
     rate: float,
     burst: int,
     max_lapses: int,
+    offer_skew_s: float,
+    retention_s: float,
+    max_queued: int,
+    max_queued_per_offerer: int,
+    max_agents: int,
 ) -> None:
     """Serve the coordinator: agents register, heartbeat, /pull signed offers and post signed results back."""
     host, port = parse_listen(listen)
@@ -109,6 +151,11 @@ def coordinator(
         rate_per_s=rate,
         burst=burst,
         max_lapses=max_lapses,
+        offer_skew_ms=round(offer_skew_s * 1000),
+        retention_ms=round(retention_s * 1000),
+        max_queued=max_queued,
+        max_queued_per_offerer=max_queued_per_offerer,
+        max_agents=max_agents,
     )
     configure_logs()  # on stderr: stdout carries the ready line, which callers parse
     try:

@@ -18,6 +18,8 @@ class CoordinatorReason(enum.StrEnum):
     REPLAYED_NONCE = "replayed_nonce"
     TOO_LARGE = "too_large"
     RATE_LIMITED = "rate_limited"
+    # A table is at its cap (queued tasks in all or for one offerer, or agents): try again later.
+    BUSY = "busy"
     UNKNOWN_AGENT = "unknown_agent"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     UNKNOWN_TASK = "unknown_task"
@@ -39,6 +41,7 @@ STATUS: dict[str, int] = {
     CoordinatorReason.REPLAYED_NONCE: 401,
     CoordinatorReason.TOO_LARGE: 413,
     CoordinatorReason.RATE_LIMITED: 429,
+    CoordinatorReason.BUSY: 503,
     CoordinatorReason.UNKNOWN_AGENT: 403,
     CoordinatorReason.SANDBOX_UNAVAILABLE: 403,
     CoordinatorReason.UNKNOWN_TASK: 404,
@@ -57,11 +60,15 @@ DEFAULT_STATUS = 422  # an offer or result refused by the codec for a reason not
 class Refused(Exception):
     """Raised anywhere inside a request; the app turns it into the JSON refusal. Never carries a traceback out."""
 
-    def __init__(self, reason: str, detail: str = "", *, status: int | None = None) -> None:
+    def __init__(
+        self, reason: str, detail: str = "", *, status: int | None = None, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = str(reason)
         self.detail = detail
         self.status = status if status is not None else STATUS.get(self.reason, DEFAULT_STATUS)
+        # Sent as `Retry-After` (429 and 503): when trying again may succeed.
+        self.retry_after_s = retry_after_s
 
     def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "detail": self.detail}

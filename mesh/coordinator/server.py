@@ -29,11 +29,22 @@ def hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
+PURGE_EVERY_S = 60.0
+
+
 async def _reap_forever(db: Database, settings: Settings) -> None:
-    """`/pull` reaps before it claims, so this only keeps `GET /tasks/{id}` honest between pulls."""
+    """`/pull` reaps before it claims, so this only keeps `GET /tasks/{id}` honest between pulls. It also purges
+    what is past its retention, about once a minute."""
+    next_purge = trio.current_time()
     while True:
         await trio.sleep(max(settings.lease_ms / 4000, 0.1))
-        await db.call(Store.reap, db.store, now_ms(), settings.lease_ms)
+        now = now_ms()
+        await db.call(Store.reap, db.store, now, settings.lease_ms)
+        if trio.current_time() >= next_purge:
+            await db.call(
+                Store.purge, db.store, now, settings.retention_ms, settings.agent_retention_ms, settings.offer_skew_ms
+            )
+            next_purge = trio.current_time() + PURGE_EVERY_S
 
 
 async def run_coordinator(

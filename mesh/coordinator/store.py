@@ -50,9 +50,11 @@ CREATE TABLE IF NOT EXISTS tasks (
     reason         TEXT,
     detail         TEXT,
     enqueued_at    INTEGER NOT NULL,
+    ready_at       INTEGER NOT NULL DEFAULT 0,  -- queue order: enqueued, or requeued (then it goes to the back)
     updated_at     INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, seq);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, ready_at, seq);
+CREATE INDEX IF NOT EXISTS tasks_by_offerer ON tasks (offerer, state);
 -- An agent whose own policy refused a task is not handed it again; other agents still are.
 CREATE TABLE IF NOT EXISTS refusals (
     task_id  TEXT NOT NULL,
@@ -90,6 +92,7 @@ class TaskRow:
 
 
 PullOutcome = Literal["unknown_agent", "sandbox_unavailable"] | ClaimedTask | None
+EnqueueOutcome = Literal["queued", "duplicate", "full", "offerer_full"]
 
 
 class Store:
@@ -104,10 +107,19 @@ class Store:
         self._db.execute(
             "PRAGMA synchronous=NORMAL"
         )  # WAL + NORMAL survives a process kill; a power cut may lose the last commits
+        self._migrate()
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
         self._db.close()
+
+    def _migrate(self) -> None:
+        """Bring a state file of an earlier version up to this schema (columns added since, with their defaults)."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(tasks)")}
+        if columns and "ready_at" not in columns:
+            self._db.execute("DROP INDEX IF EXISTS tasks_by_state")
+            self._db.execute("ALTER TABLE tasks ADD COLUMN ready_at INTEGER NOT NULL DEFAULT 0")
+            self._db.execute("UPDATE tasks SET ready_at = enqueued_at")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -121,14 +133,19 @@ class Store:
 
     # -- agents ----------------------------------------------------------------------------------------------
 
-    def register(self, agent: str, mode: SandboxMode, now: int) -> None:
+    def register(self, agent: str, mode: SandboxMode, now: int, max_agents: int = 1 << 62) -> bool:
+        """False when the table is full and this agent is new: the coordinator refuses rather than grow."""
         with self._transaction() as db:
+            known = db.execute("SELECT 1 FROM agents WHERE agent = ?", (agent,)).fetchone() is not None
+            if not known and db.execute("SELECT count(*) FROM agents").fetchone()[0] >= max_agents:
+                return False
             db.execute(
                 "INSERT INTO agents (agent, sandbox_mode, registered_at, last_seen) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (agent) DO UPDATE SET "
                 "sandbox_mode = excluded.sandbox_mode, last_seen = excluded.last_seen",
                 (agent, mode, now, now),
             )
+            return True
 
     def touch(self, agent: str, now: int, mode: SandboxMode | None = None) -> bool:
         """A sign of life (and, for a heartbeat, the sandbox mode). False for an agent that never registered."""
@@ -151,16 +168,34 @@ class Store:
     # -- tasks -----------------------------------------------------------------------------------------------
 
     def enqueue(
-        self, task_id: str, offer: bytes, digest: bytes, offerer: str, expires_at: int, deadline: int, now: int
-    ) -> bool:
-        """False if a task with this offer id was ever enqueued: an offer runs at most once."""
+        self,
+        task_id: str,
+        offer: bytes,
+        digest: bytes,
+        offerer: str,
+        expires_at: int,
+        deadline: int,
+        now: int,
+        max_open: int = 1 << 62,
+        max_open_per_offerer: int = 1 << 62,
+    ) -> EnqueueOutcome:
+        """`duplicate` if a task with this offer id is still known (an offer runs at most once), `full` or
+        `offerer_full` when the unfinished tasks are at a cap, else `queued`."""
         with self._transaction() as db:
-            cur = db.execute(
+            if db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone() is not None:
+                return "duplicate"
+            open_states = "state IN ('queued', 'claimed')"
+            if db.execute(f"SELECT count(*) FROM tasks WHERE {open_states}").fetchone()[0] >= max_open:
+                return "full"
+            by_offerer = f"SELECT count(*) FROM tasks WHERE {open_states} AND offerer = ?"
+            if db.execute(by_offerer, (offerer,)).fetchone()[0] >= max_open_per_offerer:
+                return "offerer_full"
+            db.execute(
                 "INSERT OR IGNORE INTO tasks (task_id, offer, offer_digest, offerer, expires_at, deadline, state, "
-                "enqueued_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
-                (task_id, offer, digest, offerer, expires_at, deadline, now, now),
+                "enqueued_at, updated_at, ready_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
+                (task_id, offer, digest, offerer, expires_at, deadline, now, now, now),
             )
-            return cur.rowcount == 1
+            return "queued"
 
     def pull(self, agent: str, mode: SandboxMode | None, now: int, lease_ms: int) -> PullOutcome:
         """Claim the oldest task this agent may run, in one transaction.
@@ -184,7 +219,7 @@ class Store:
             self._reap(db, now, lease_ms)
             found = db.execute(
                 "SELECT task_id, offer FROM tasks WHERE state = 'queued' AND expires_at > ? AND task_id NOT IN "
-                "(SELECT task_id FROM refusals WHERE agent = ?) ORDER BY seq LIMIT 1",
+                "(SELECT task_id FROM refusals WHERE agent = ?) ORDER BY ready_at, seq LIMIT 1",
                 (now, agent),
             ).fetchone()
             if found is None:
@@ -235,12 +270,38 @@ class Store:
                     "INSERT OR REPLACE INTO refusals (task_id, agent, reason) VALUES (?, ?, ?)",
                     (task_id, agent, reason),
                 )
+            # To the back of the queue: a task the agent could not take now must not come straight back to it and
+            # hold up every task behind it.
             db.execute(
                 "UPDATE tasks SET state = 'queued', claimed_by = NULL, claimed_at = NULL, reason = ?, detail = ?, "
-                "updated_at = ? WHERE task_id = ?",
-                (reason, detail, now, task_id),
+                "updated_at = ?, ready_at = ? WHERE task_id = ?",
+                (reason, detail, now, now, task_id),
             )
             return True
+
+    def offer_of(self, task_id: str) -> bytes | None:
+        row = self._db.execute("SELECT offer FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def purge(self, now: int, retention_ms: int, agent_retention_ms: int, skew_ms: int) -> int:
+        """Delete finished tasks past their retention and agents long silent with no claim. Returns tasks deleted.
+
+        A finished task is kept at least until its offer can no longer pass the clock check (`expires_at` plus
+        the skew), so that deleting it never lets the same offer be enqueued again.
+        """
+        with self._transaction() as db:
+            cur = db.execute(
+                "DELETE FROM tasks WHERE state IN ('done', 'failed', 'expired') AND updated_at < ? AND expires_at < ?",
+                (now - retention_ms, now - skew_ms),
+            )
+            db.execute("DELETE FROM refusals WHERE task_id NOT IN (SELECT task_id FROM tasks)")
+            db.execute(
+                "DELETE FROM agents WHERE last_seen < ? AND agent NOT IN "
+                "(SELECT claimed_by FROM tasks WHERE state = 'claimed' AND claimed_by IS NOT NULL)",
+                (now - agent_retention_ms,),
+            )
+            db.execute("DELETE FROM nonces WHERE expires_at < ?", (now,))
+            return cur.rowcount
 
     def reap(self, now: int, lease_ms: int) -> None:
         with self._transaction() as db:
@@ -260,10 +321,10 @@ class Store:
         )
         silent = "SELECT agent FROM agents WHERE last_seen < ?"
         db.execute(
-            f"UPDATE tasks SET lapses = lapses + 1, updated_at = ?, state = CASE WHEN lapses + 1 >= ? THEN 'failed' "
-            f"ELSE 'queued' END, reason = 'lease_expired', detail = 'claiming agent went silent', "
+            f"UPDATE tasks SET lapses = lapses + 1, updated_at = ?, ready_at = ?, state = CASE WHEN lapses + 1 >= ? "
+            f"THEN 'failed' ELSE 'queued' END, reason = 'lease_expired', detail = 'claiming agent went silent', "
             f"claimed_by = NULL, claimed_at = NULL WHERE state = 'claimed' AND claimed_by IN ({silent})",
-            (now, self.max_lapses, now - lease_ms),
+            (now, now, self.max_lapses, now - lease_ms),
         )
 
     # -- reading ---------------------------------------------------------------------------------------------
@@ -272,15 +333,18 @@ class Store:
         return self._db.execute("SELECT 1 FROM agents WHERE agent = ?", (agent,)).fetchone() is not None
 
     def stats(self) -> dict[str, Any]:
+        """Counts only: bounded in size whatever the tables hold, and nothing in it identifies anyone."""
         counts = dict.fromkeys(TASK_STATES, 0)
         counts.update(self._db.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
-        agents = [
-            {"agent": a, "sandboxMode": m, "lastSeen": s, "pullRequests": p, "refusedPulls": r}
-            for a, m, s, p, r in self._db.execute(
-                "SELECT agent, sandbox_mode, last_seen, pull_requests, refused_pulls FROM agents ORDER BY agent"
-            )
-        ]
-        return {"tasks": counts, "agents": agents}
+        modes = dict.fromkeys(SANDBOX_MODES, 0)
+        modes.update(self._db.execute("SELECT sandbox_mode, count(*) FROM agents GROUP BY sandbox_mode").fetchall())
+        pulls, refused = self._db.execute(
+            "SELECT coalesce(sum(pull_requests), 0), coalesce(sum(refused_pulls), 0) FROM agents"
+        ).fetchone()
+        return {
+            "tasks": counts,
+            "agents": {"bySandboxMode": modes, "pullRequests": pulls, "refusedPulls": refused},
+        }
 
 
 T = TypeVar("T")

@@ -6,9 +6,10 @@ stdout carries only machine-readable lines (the `ready` event, a result as one J
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import trio
@@ -18,6 +19,28 @@ from mesh.coordinator.cli import coordinator
 from mesh.identity import KeyFileError, NodeIdentity
 
 EXIT_REFUSED = 3  # a typed refusal, as opposed to 1 (the run failed) and 2 (usage or a bad key file)
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def cause_of(exc: BaseException, kinds: tuple[type[E], ...]) -> E | None:
+    """The first exception of `kinds` in `exc` or, through Trio's nurseries, anywhere in its exception groups."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = cause_of(inner, kinds)
+            if found is not None:
+                return found
+    return None
+
+
+class InputError(click.ClickException):
+    """Bad input from the user (an address, a file, a value): one line saying what and how to fix it, exit 2."""
+
+    exit_code = 2
 
 
 def load_identity(path: Path) -> NodeIdentity:
@@ -34,19 +57,41 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 def parse_input(text: str | None) -> Any:
+    """`--input`: JSON the program reads on stdin, as deep as an offer may carry (and never a crash)."""
     if text is None:
         return None
+    from mesh.codec import MAX_DEPTH, check_json_data
+    from mesh.jsontext import JsonError, parse_json
+    from mesh.reasons import Rejected
+
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"--input is not JSON: {exc}") from None
+        value = parse_json(text, max_depth=MAX_DEPTH + 1)
+        check_json_data(value, "--input")
+    except JsonError as exc:
+        raise click.BadParameter(f"--input is not JSON an offer can carry: {exc}") from None
+    except Rejected as exc:
+        raise click.BadParameter(exc.rejection.detail) from None
+    return value
 
 
-def read_code(path: Path) -> str:
+def read_code(path: Path, max_bytes: int) -> str:
+    """The program text, its size checked before a byte is read: a 100 MB file is refused at once."""
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc}") from None
+        size = path.stat().st_size
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}") from None
+    if size > max_bytes:
+        raise click.BadParameter(f"{path} is {size:,} bytes; the limit is {max_bytes:,}")
+    try:
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # the file may have grown since the stat
+        if len(data) > max_bytes:
+            raise click.BadParameter(f"{path} is more than {max_bytes:,} bytes")
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}") from None
 
 
 language_option = click.option("--language", type=click.Choice(LANGUAGES), required=True)
@@ -57,9 +102,47 @@ memory_option = click.option("--memory-mb", type=click.IntRange(1), default=128,
 sandbox_option = click.option("--sandbox", type=click.Choice(SANDBOXES), default="docker", show_default=True)
 
 
+_debug = os.environ.get("EDGECODER_DEBUG") == "1"
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    global _debug
+    _debug = _debug or value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_debug,
+    help="Show the traceback of an unexpected error (also EDGECODER_DEBUG=1).",
+)
 def main() -> None:
     """A mesh node that runs strangers' signed task offers, only ever inside a hardened Docker sandbox."""
+
+
+def run(argv: list[str] | None = None) -> None:
+    """The `edgecoder` entry point: every failure is one line and an exit code, never a traceback (unless --debug).
+
+    Exit codes: 0 ok, 1 the run failed (or an unexpected error), 2 usage or bad input, 3 a typed refusal,
+    130 interrupted (Ctrl-C).
+    """
+    try:
+        code = main.main(args=argv, prog_name="edgecoder", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        if _debug:
+            raise
+        click.echo(f"edgecoder: unexpected error: {type(exc).__name__}: {exc} (run with --debug for details)", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 @main.command()
@@ -83,7 +166,19 @@ def keygen(out: Path, force: bool) -> None:
 @main.command()
 @click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--listen", multiple=True, default=["/ip4/127.0.0.1/tcp/0"], show_default=True)
-@click.option("--peer", "peers", multiple=True, help="A multiaddr to connect to at start (repeatable).")
+@click.option(
+    "--bootstrap",
+    "--peer",
+    "bootstrap",
+    multiple=True,
+    help="A peer to join the swarm through: /ip4/ADDR/tcp/PORT/p2p/PEERID (repeatable; kept connected).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the node keeps its lock and replay journal [default: $EDGECODER_STATE_DIR, ~/.local/state/edgecoder].",
+)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None)
 @click.option("--log-json", is_flag=True, help="Structured logs as JSON lines on stderr.")
 @click.option("--coordinator", default=None, help="Pull work from a coordinator at this URL too.")
@@ -92,7 +187,8 @@ def keygen(out: Path, force: bool) -> None:
 def node(
     key: Path,
     listen: tuple[str, ...],
-    peers: tuple[str, ...],
+    bootstrap: tuple[str, ...],
+    state_dir: Path | None,
     metrics_port: int | None,
     log_json: bool,
     coordinator: str | None,
@@ -103,15 +199,37 @@ def node(
     from mesh import logs
     from mesh.commands import NodeOptions, run_node
     from mesh.gate import sandbox_mode_from_env
+    from mesh.state import StateDirError, default_state_root
+    from transports.p2p import AddressError, parse_listen_addr, parse_peer_addr
 
     logs.configure(json_lines=log_json)
     identity = load_identity(key)
     try:
         mode = sandbox_mode_from_env()
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    options = NodeOptions(identity, list(listen), list(peers), mode, metrics_port, coordinator, ble, ble_sim)
-    trio.run(run_node, options)
+        for addr in listen:
+            parse_listen_addr(addr)
+        for addr in bootstrap:
+            parse_peer_addr(addr)
+    except (ValueError, AddressError) as exc:
+        raise InputError(str(exc)) from None
+    options = NodeOptions(
+        identity,
+        list(listen),
+        list(bootstrap),
+        mode,
+        metrics_port,
+        coordinator,
+        ble,
+        ble_sim,
+        state_root=state_dir or default_state_root(),
+    )
+    try:
+        trio.run(run_node, options)
+    except Exception as exc:  # found only once the node starts: a busy port, a running twin
+        cause = cause_of(exc, (AddressError, StateDirError))
+        if cause is None:
+            raise
+        raise InputError(str(cause)) from None
 
 
 @main.command()
@@ -125,7 +243,7 @@ def node(
 @timeout_option
 @memory_option
 @sandbox_option
-@click.option("--wait-s", type=float, default=30.0, show_default=True, help="How long to wait for the result.")
+@click.option("--wait-s", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True, help="How long to wait.")
 def offer(
     key: Path,
     to: str | None,
@@ -141,25 +259,45 @@ def offer(
 ) -> None:
     """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
     from mesh import logs
-    from mesh.commands import OfferOptions, run_offer
+    from mesh.commands import Interrupted, OfferOptions, run_offer
+    from mesh.offers import MAX_CODE_CHARS
+    from transports.p2p import AddressError, parse_peer_addr
 
     if (to is None) == (not gossip):
         raise click.UsageError("give exactly one of --to MULTIADDR or --gossip --peer MULTIADDR")
     if gossip and not peers:
         raise click.UsageError("--gossip needs at least one --peer")
+    identity = load_identity(key)
+    try:
+        for addr in [*peers, *([to] if to else [])]:
+            parse_peer_addr(addr)
+    except AddressError as exc:
+        raise InputError(str(exc)) from None
+    code = read_code(code_file, MAX_CODE_CHARS * 4)
+    if len(code) > MAX_CODE_CHARS:
+        raise InputError(f"{code_file} holds {len(code):,} characters; an offer carries at most {MAX_CODE_CHARS:,}")
     logs.configure()
     options = OfferOptions(
-        identity=load_identity(key),
+        identity=identity,
         to=to,
         peers=list(peers),
         language=language,
-        code=read_code(code_file),
+        code=code,
         input=parse_input(input_json),
         limits=Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
         sandbox=sandbox,
         wait_s=wait_s,
     )
-    outcome = trio.run(run_offer, options)
+    try:
+        outcome = trio.run(run_offer, options)
+    except Exception as exc:
+        if cause_of(exc, (Interrupted,)) is not None:
+            click.echo("interrupted: the node was told to stop the run", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        cause = cause_of(exc, (ValueError,))  # the offer cannot be sent (too large, say): checked before dialling
+        if cause is None:
+            raise
+        raise InputError(str(cause)) from None
     if outcome.refusal is not None:
         emit({"ok": False, "refusal": str(outcome.refusal.reason), "detail": outcome.refusal.detail})
         sys.exit(EXIT_REFUSED)
@@ -186,12 +324,13 @@ def exec_(
     no_subset: bool,
 ) -> None:
     """Run code as the local user (origin local: --sandbox host is allowed). Prints the result JSON."""
+    from executor.policy import ExecutorPolicy
     from mesh.commands import run_local
 
     result = trio.run(
         run_local,
         language,
-        read_code(code_file),
+        read_code(code_file, ExecutorPolicy().max_code_bytes),
         parse_input(input_json),
         Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
         sandbox,
@@ -257,4 +396,4 @@ def demo(nodes: int, ble: bool) -> None:
 main.add_command(coordinator)
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -6,6 +6,7 @@ import contextlib
 import json
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -30,12 +31,17 @@ class NodeOptions:
     coordinator: str | None = None
     ble: bool = False
     ble_sim: bool = False
+    state_root: Path | None = None
 
 
 async def run_node(options: NodeOptions) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly: runs are aborted and no container is left behind."""
     config = NodeConfig(
-        identity=options.identity, listen=options.listen, peers=options.peers, sandbox_mode=options.sandbox_mode
+        identity=options.identity,
+        listen=options.listen,
+        peers=options.peers,
+        sandbox_mode=options.sandbox_mode,
+        state_root=options.state_root,
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with contextlib.AsyncExitStack() as stack, MeshNode.open(config) as node, trio.open_nursery() as nursery:
@@ -92,26 +98,53 @@ class OfferOptions:
     wait_s: float
 
 
-async def run_offer(options: OfferOptions) -> OfferOutcome:
-    """An offering node takes no work itself (`sandboxMode: none`): it only sends and verifies."""
-    config = NodeConfig(identity=options.identity, peers=options.peers, sandbox_mode="none")
-    async with MeshNode.open(config) as node:
-        raw = node.make_offer(
-            language=options.language,
-            code=options.code,
-            input=options.input,
-            limits=options.limits,
-            sandbox=options.sandbox,
-            ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
-        )
-        if options.to is not None:
-            with trio.move_on_after(options.wait_s + 5):
-                return await node.offer_direct(options.to, raw)
-            from mesh.reasons import Reason, Rejection
+class Interrupted(Exception):
+    """The user pressed Ctrl-C (or the offerer got SIGTERM); the node was told to stop the run."""
 
-            return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, "no answer from the node"))
-        await node.wait_for_runner(timeout=min(10.0, options.wait_s))
-        return await node.offer_gossip(raw, timeout=options.wait_s)
+
+async def run_offer(options: OfferOptions) -> OfferOutcome:
+    """An offering node takes no work itself (`sandboxMode: none`): it only sends and verifies.
+
+    Ctrl-C cancels the wait; the cancellation sends the abort (an abort frame on the offer stream, or an abort to
+    each gossip claimant) before this raises `Interrupted`. The offer's size is checked before anything is dialled.
+    """
+    from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from mesh.reasons import Reason, Rejection
+
+    config = NodeConfig(identity=options.identity, peers=options.peers, sandbox_mode="none")
+    outcome: OfferOutcome | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
+            raw = node.make_offer(
+                language=options.language,
+                code=options.code,
+                input=options.input,
+                limits=options.limits,
+                sandbox=options.sandbox,
+                ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
+            )
+            if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:
+                raise ValueError(
+                    f"the signed offer is {len(raw):,} bytes; a node takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}"
+                )
+
+            async def interrupt() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(interrupt)
+            if options.to is not None:
+                with trio.move_on_after(options.wait_s + 5):
+                    outcome = await node.offer_direct(options.to, raw)
+                outcome = outcome or OfferOutcome(refusal=Rejection(Reason.TIMEOUT, "no answer from the node"))
+            else:
+                await node.wait_for_runner(timeout=min(10.0, options.wait_s))
+                outcome = await node.offer_gossip(raw, timeout=options.wait_s)
+            nursery.cancel_scope.cancel()
+    if outcome is None:
+        raise Interrupted
+    return outcome
 
 
 async def run_local(

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,6 +39,8 @@ from mesh.metrics import NodeMetrics
 from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
+from mesh.state import StateDir
+from transports.bootstrap import Bootstrapper
 from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
 from transports.p2p import P2PHost, open_host
@@ -70,6 +73,10 @@ class NodeConfig:
     node_label: str | None = None
     # Extra keyword arguments for the executor (tests point it at another daemon socket, for instance).
     executor_options: dict[str, Any] = field(default_factory=dict)
+    # Where the node keeps its state (a directory per PeerID, locked while it runs: one node per key) and its replay
+    # journal, so that an offer id spent before a restart stays spent. None: no lock, replay memory in RAM only
+    # (tests and simulations, which run many nodes in one process).
+    state_root: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +95,25 @@ class OfferOutcome:
 
 
 class MeshNode:
-    def __init__(self, config: NodeConfig, nursery: trio.Nursery, p2p: P2PHost, executor: Executor | None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        nursery: trio.Nursery,
+        p2p: P2PHost,
+        executor: Executor | None,
+        state: StateDir | None = None,
+    ) -> None:
         self.config = config
         self.identity = config.identity
         self.metrics = NodeMetrics()
         self.peers = PeerDirectory(stale_after=3.5 * config.heartbeat_interval)
         self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
-        self.intake = Intake(config.intake_policy, participating=lambda: self.gate.participating, metrics=self.metrics)
+        self.intake = Intake(
+            config.intake_policy,
+            participating=lambda: self.gate.participating,
+            metrics=self.metrics,
+            replay_journal=None if state is None else state.replay_journal,
+        )
         self.metrics.participating.set_function(lambda: float(self.gate.participating))
         if executor is not None:
             self.metrics.pool_ready.set_function(lambda: float(executor.stats().pool_ready))
@@ -117,6 +136,8 @@ class MeshNode:
             on_heartbeat=self.peers.observe,
             heartbeat_interval=config.heartbeat_interval,
         )
+        # Raises AddressError for a bad bootstrap address, before anything runs.
+        self.bootstrap = Bootstrapper(p2p, config.peers)
         self._nursery = nursery
         self._draining = False
         self._workers_left = 0
@@ -130,6 +151,9 @@ class MeshNode:
     @contextlib.asynccontextmanager
     async def open(cls, config: NodeConfig) -> AsyncIterator[MeshNode]:
         async with contextlib.AsyncExitStack() as stack:
+            state = None
+            if config.state_root is not None:
+                state = stack.enter_context(StateDir.locked(config.state_root, config.identity.peer_id))
             executor = None
             if config.sandbox_mode == "docker":
                 from executor.runner import Executor
@@ -143,7 +167,7 @@ class MeshNode:
                 )
             p2p = await stack.enter_async_context(open_host(config.identity, config.listen))
             nursery = await stack.enter_async_context(trio.open_nursery())
-            node = cls(config, nursery, p2p, executor)
+            node = cls(config, nursery, p2p, executor, state)
             await node._start()
             try:
                 yield node
@@ -157,8 +181,7 @@ class MeshNode:
         await self._nursery.start(self.gate.run)
         self.gate.on_change(self._follow_gate)
         await self._nursery.start(self.gossip.run)
-        for peer in self.config.peers:
-            await self.p2p.connect(peer)
+        await self._nursery.start(self.bootstrap.run)
         workers = self.config.executor_policy.max_concurrent if self.executor is not None else 0
         self._workers_left = workers
         for _ in range(workers):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,10 @@ import trio
 from executor.container_config import NODE_LABEL
 from executor.policy import DEFAULT_IMAGE
 from simulations.docker_relay import sweep_containers
+
+# Nodes started by tests (in process or as CLI processes, which inherit it) keep their lock and replay journal
+# in a directory of the test run, never in the developer's ~/.local/state.
+os.environ.setdefault("EDGECODER_STATE_DIR", tempfile.mkdtemp(prefix="edgecoder-test-state-"))
 
 _docker_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
 

@@ -13,6 +13,8 @@ overridden here, each with its reason:
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -43,6 +45,64 @@ DEFAULT_STREAM_TIMEOUT = 5.0
 
 class DialError(Exception):
     """A peer could not be reached or would not speak with us. The message says which and why."""
+
+
+class AddressError(ValueError):
+    """An address given by the operator is not one we can use; the message names it and says what is expected."""
+
+
+class ListenError(AddressError):
+    """The node cannot listen where it was asked to; the message names the address and the fix."""
+
+
+def parse_peer_addr(text: str) -> tuple[multiaddr.Multiaddr, str]:
+    """A dialable `/ip4/…/tcp/N/p2p/<PeerID>` (or dns, or a relay circuit) and its PeerID, or `AddressError`."""
+    if not text.startswith("/"):
+        raise AddressError(f"{text!r} is not a multiaddr; expected /ip4/ADDR/tcp/PORT/p2p/<PeerID>")
+    try:
+        maddr = multiaddr.Multiaddr(text)
+        peer_id = info_from_p2p_addr(maddr).peer_id.to_base58()
+    except Exception as exc:  # multiaddr and libp2p raise several unrelated types for a bad address
+        raise AddressError(f"{text!r} is not a dialable /ip4/…/tcp/…/p2p/<PeerID> multiaddr: {exc}") from None
+    return maddr, peer_id
+
+
+def parse_listen_addr(text: str) -> multiaddr.Multiaddr:
+    """A `/ip4/ADDR/tcp/PORT` (or `/ip6/...`) multiaddr to listen on, or `ListenError`."""
+    try:
+        maddr = multiaddr.Multiaddr(text)
+    except Exception as exc:  # the multiaddr package raises several unrelated types
+        raise ListenError(f"--listen {text!r} is not a multiaddr ({exc}); expected /ip4/0.0.0.0/tcp/4001") from None
+    protocols = [p.name for p in maddr.protocols()]
+    if len(protocols) != 2 or protocols[0] not in ("ip4", "ip6") or protocols[1] != "tcp":
+        raise ListenError(f"--listen {text!r} must be /ip4/ADDR/tcp/PORT or /ip6/ADDR/tcp/PORT")
+    return maddr
+
+
+def probe_port_free(maddr: multiaddr.Multiaddr) -> None:
+    """Refuse a port another process already listens on.
+
+    py-libp2p binds with SO_REUSEPORT (DCUtR hole punching dials from the listen port), so a second node on a busy
+    port would silently share it with the first. Linux lets sockets share a port only when every one of them sets
+    SO_REUSEPORT, so a plain bind here fails exactly when something already holds the port.
+    """
+    family = socket.AF_INET6 if maddr.protocols()[0].name == "ip6" else socket.AF_INET
+    host = maddr.value_for_protocol(maddr.protocols()[0].code)
+    port = int(maddr.value_for_protocol("tcp"))
+    if port == 0:
+        return
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT after a restart is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ListenError(f"port {port} on {host} is already in use: pick another --listen port") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ListenError(f"{host} is not an address of this machine: pick one it has") from None
+            if exc.errno == errno.EACCES:
+                raise ListenError(f"port {port} needs privileges: use a port above 1023") from None
+            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 def noise_only(identity: NodeIdentity) -> dict[TProtocol, Any]:
@@ -127,6 +187,20 @@ class P2PHost:
         return [p.to_base58() for p in self.host.get_connected_peers()]
 
 
+@asynccontextmanager
+async def _listening(host: IHost, listen_addrs: list[multiaddr.Multiaddr]) -> AsyncIterator[None]:
+    entered = False
+    try:
+        async with host.run(listen_addrs=listen_addrs):
+            entered = True
+            yield
+    except Exception as exc:
+        if entered:
+            raise
+        # The swarm wraps a failed bind in its own error types (OpenConnectionError, SwarmException, groups).
+        raise ListenError(f"cannot listen on {', '.join(map(str, listen_addrs))}: {exc}") from None
+
+
 async def _stop_auto_connector(host: IHost) -> None:
     # The swarm's auto-connector starts with the network and keeps dialling every peer in the peerstore (addresses
     # learned through identify included) until it holds 100 connections. A mesh node talks to the peers it chose
@@ -138,7 +212,12 @@ async def _stop_auto_connector(host: IHost) -> None:
 
 @asynccontextmanager
 async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncIterator[P2PHost]:
-    """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close."""
+    """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close.
+
+    Raises `ListenError` for an address it cannot listen on, before anything is started."""
+    listen_addrs = [parse_listen_addr(a) for a in listen]
+    for maddr in listen_addrs:
+        probe_port_free(maddr)
     host = new_host(
         key_pair=identity.libp2p_keypair(),
         sec_opt=noise_only(identity),
@@ -146,9 +225,9 @@ async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncItera
         connection_config=ConnectionConfig(max_connections_per_peer=1),
         enable_mDNS=False,
         enable_upnp=False,
-        listen_addrs=[multiaddr.Multiaddr(a) for a in listen],
+        listen_addrs=listen_addrs,
     )
-    async with host.run(listen_addrs=[multiaddr.Multiaddr(a) for a in listen]):
+    async with _listening(host, listen_addrs):
         await _stop_auto_connector(host)
         try:
             yield P2PHost(host)

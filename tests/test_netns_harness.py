@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import DelayRelay, Host, NetnsProcess, Topology, open_topology, sweep_stale
+from tests.netns import (
+    DelayRelay,
+    Host,
+    NetnsProcess,
+    NodeProcess,
+    ProcessFailed,
+    Topology,
+    make_key,
+    open_topology,
+    sweep_stale,
+)
 from tests.netns.processes import REPO
 from tests.netns.topology import ip, netns_names, parse_proc_net_tcp
 
@@ -226,6 +236,31 @@ def test_the_delay_relay_adds_at_least_its_delay_each_way_and_keeps_the_bytes(ne
         assert relay.stop() == 0
     print(f"\nround trip: direct {direct * 1000:.2f} ms, through a {delay_ms} ms relay {relayed * 1000:.1f} ms")
     assert relayed >= 2 * delay_ms / 1000  # a lower bound by construction, not a speed target
+
+
+def test_the_node_launcher_waits_for_ready_stops_cleanly_restarts_and_reports_failures(
+    net: Topology, tmp_path: Path
+) -> None:
+    """`edgecoder node` in a namespace (SANDBOX_MODE=none: no Docker needed to test the launcher itself)."""
+    a, b, _ = routed(net)
+    env = {"SANDBOX_MODE": "none"}
+    key = make_key(tmp_path / "a.key")
+    node = NodeProcess(a, key, env=env, log_path=tmp_path / "a.log", name="A")
+    assert node.addr == f"/ip4/{a.address}/tcp/4001/p2p/{node.peer_id}" and node.ready.data["sandboxMode"] == "none"
+    assert node.metric("edgecoder_participating") == 0.0  # read from inside its namespace, on its own 127.0.0.1
+    peer = NodeProcess(b, make_key(tmp_path / "b.key"), "--peer", node.addr, env=env, log_path=tmp_path / "b.log")
+    assert peer.connected_to(a)
+
+    again = node.restart()
+    assert node.popen.returncode == 0 and node.wait_event("stopped", timeout=1)
+    assert (again.peer_id, again.addr) == (node.peer_id, node.addr)  # same key, same port
+    assert again.log_path != node.log_path and "shutting down" in node.stderr()
+
+    loose = tmp_path / "loose.key"
+    loose.write_bytes(b"\x01" * 32)
+    loose.chmod(0o644)
+    with pytest.raises(ProcessFailed, match=r"(?s)exited 2.*loose permissions"):
+        NodeProcess(a, loose, env=env, port=4002, log_path=tmp_path / "bad.log", name="bad")
 
 
 def test_teardown_deletes_every_namespace_and_process_of_the_run(tmp_path: Path) -> None:

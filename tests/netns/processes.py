@@ -184,9 +184,20 @@ class NodeProcess(NetnsProcess):
         if metrics_port is not None:
             argv += ["--metrics-port", str(metrics_port)]
         super().__init__(where, [*argv, *args], log_path=log_path, env=env, name=name)
+        self.key = key
+        self._spawn = {"args": args, "listen": listens, "env": env, "metrics_port": metrics_port}
         self._ready: Event | None = None
         if wait:
             self.wait_ready(ready_timeout)
+
+    def restart(self, *, wait: bool = True, log_path: Path | None = None) -> NodeProcess:
+        """Stop this node (SIGTERM) and start it again with the same key, addresses and arguments: the same PeerID
+        on the same port. The new process's stderr goes to `log_path` (default `<old stem>.restarted.log`)."""
+        self.stop()
+        log = log_path or self.log_path.with_name(f"{self.log_path.stem}.restarted.log")
+        spawn = self._spawn
+        return NodeProcess(self.where, self.key, *spawn["args"], listen=spawn["listen"], env=spawn["env"],
+                           metrics_port=spawn["metrics_port"], log_path=log, name=self.name, wait=wait)  # fmt: skip
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> Event:
         if self._ready is None:

@@ -289,8 +289,8 @@ def test_a_dead_runs_namespaces_are_swept_and_a_live_runs_are_not() -> None:
     ip("netns", "add", stale)
     ip("netns", "add", live)
     try:
-        swept = sweep_stale()
-        assert stale in swept and stale not in netns_names()
+        sweep_stale()  # a parallel run's own sweep may have taken the stale one first: either way it is gone
+        assert stale not in netns_names()
         assert live in netns_names()
     finally:
         for ns in (stale, live):

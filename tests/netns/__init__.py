@@ -16,14 +16,23 @@ iptables loss and partitions, a userspace delay relay, and launchers for real `e
 
 - topology.py: `Topology` (`lan`, `host`, `router`, `partition`), `Host`/`Router` (`add_loss`, `block`, `cut`,
   `add_rule`, `add_route`, sockets inside the namespace: `open_socket`, `tcp_connect`, `can_connect`, `http_get`).
-- processes.py: `NodeProcess` (ready, events, logs, metrics, `wait_connected`, `restart`), `run_offer`,
-  `DelayRelay`, `NetnsProcess` for any other program.
+- processes.py: `NodeProcess` (ready, events, logs, metrics, `wait_connected`, `restart`), `run_offer` and
+  `OfferProcess` (in the background, `finish()`), `DelayRelay`, `NetnsProcess` for any other program.
 - timings.py: `Timings`, the figures a scenario prints and writes under /tmp.
 
 Tests that use it are marked `@pytest.mark.netns` (see tests/conftest.py for the skip-or-fail rule).
 """
 
-from tests.netns.processes import DelayRelay, NetnsProcess, NodeProcess, OfferRun, ProcessFailed, make_key, run_offer
+from tests.netns.processes import (
+    DelayRelay,
+    NetnsProcess,
+    NodeProcess,
+    OfferProcess,
+    OfferRun,
+    ProcessFailed,
+    make_key,
+    run_offer,
+)
 from tests.netns.timings import Timings
 from tests.netns.topology import (
     Host,
@@ -47,6 +56,7 @@ __all__ = [
     "NetnsError",
     "NetnsProcess",
     "NodeProcess",
+    "OfferProcess",
     "OfferRun",
     "Partition",
     "ProcessFailed",

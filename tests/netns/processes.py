@@ -8,11 +8,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -141,9 +143,15 @@ class NetnsProcess:
                     if test(event.data):
                         return event
                 left = deadline - time.monotonic()
-                if self._stdout_closed or left <= 0:
+                if self._stdout_closed:
+                    break
+                if left <= 0:
                     raise self.failure(f"no stdout event matching {match!r} within {timeout:g} s")
                 self._changed.wait(left)
+        # stdout closed: the process is exiting; wait for its exit code so that the message can say it.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+        raise self.failure(f"stdout closed with no event matching {match!r}")
 
     def stop(self, sig: int = signal.SIGTERM, grace: float = STOP_GRACE) -> int:
         """`sig`, then SIGKILL when it has not exited after `grace` seconds. Returns the exit code."""
@@ -185,7 +193,7 @@ class NodeProcess(NetnsProcess):
             argv += ["--metrics-port", str(metrics_port)]
         super().__init__(where, [*argv, *args], log_path=log_path, env=env, name=name)
         self.key = key
-        self._spawn = {"args": args, "listen": listens, "env": env, "metrics_port": metrics_port}
+        self._args, self._listens, self._env = args, listens, env
         self._ready: Event | None = None
         if wait:
             self.wait_ready(ready_timeout)
@@ -195,9 +203,8 @@ class NodeProcess(NetnsProcess):
         on the same port. The new process's stderr goes to `log_path` (default `<old stem>.restarted.log`)."""
         self.stop()
         log = log_path or self.log_path.with_name(f"{self.log_path.stem}.restarted.log")
-        spawn = self._spawn
-        return NodeProcess(self.where, self.key, *spawn["args"], listen=spawn["listen"], env=spawn["env"],
-                           metrics_port=spawn["metrics_port"], log_path=log, name=self.name, wait=wait)  # fmt: skip
+        return NodeProcess(self.where, self.key, *self._args, listen=self._listens, env=self._env,
+                           metrics_port=self.metrics_port, log_path=log, name=self.name, wait=wait)  # fmt: skip
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> Event:
         if self._ready is None:
@@ -293,8 +300,8 @@ class NodeProcess(NetnsProcess):
 @dataclass(frozen=True)
 class OfferRun:
     returncode: int
-    result: dict[str, Any] | None  # the last stdout line, as JSON
-    stdout: str
+    result: dict[str, Any] | None  # the last JSON line on stdout
+    stdout: str  # its JSON lines
     stderr: str
     elapsed_s: float  # spawn to exit: Python start, connecting, publishing or sending, the run, the verified result
 
@@ -302,40 +309,55 @@ class OfferRun:
         return f"exit {self.returncode}, result {self.result}\n--- stderr tail ---\n{tail(self.stderr)}"
 
 
+class OfferProcess(NetnsProcess):
+    """`edgecoder offer` from inside `where`, in the background (say, offers on both sides of a partition at once).
+    `args` says where to: `--to MADDR` or `--gossip --peer MADDR`. `finish()` waits for its result."""
+
+    def __init__(
+        self,
+        where: Namespace,
+        key: Path,
+        code: Path,
+        *args: str,
+        log_path: Path,
+        language: str = "python",
+        input_json: str | None = None,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        argv = [*CLI, "offer", "--key", str(key), "--language", language, "--code-file", str(code), *args]
+        if input_json is not None:
+            argv += ["--input", input_json]
+        super().__init__(where, argv, log_path=log_path, env=env, name=name or f"offer-{where.name}")
+
+    def finish(self, timeout: float = 120) -> OfferRun:
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise self.failure(f"no exit within {timeout:g} s") from None
+        self._reader.join(timeout=5)
+        events = self.events
+        # Timed to the result line's arrival, so a late `finish()` does not count.
+        ended = events[-1].at if events else time.monotonic()
+        stdout = "\n".join(json.dumps(e.data) for e in events)
+        return OfferRun(self.popen.returncode, events[-1].data if events else None, stdout, self.stderr(),
+                        ended - self.started_at)  # fmt: skip
+
+
 def run_offer(
     where: Namespace,
     key: Path,
     code: Path,
     *args: str,
-    language: str = "python",
-    input_json: str | None = None,
-    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
     timeout: float = 120,
+    **options: Any,
 ) -> OfferRun:
-    """`edgecoder offer` from inside `where`, to completion. `args` says where to: `--to MADDR` or `--gossip --peer
-    MADDR`."""
-    argv = [*CLI, "offer", "--key", str(key), "--language", language, "--code-file", str(code), *args]
-    if input_json is not None:
-        argv += ["--input", input_json]
-    began = time.monotonic()
-    done = subprocess.run(
-        in_ns(where.ns, *argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-    )
-    elapsed = time.monotonic() - began
-    result = None
-    lines = done.stdout.strip().splitlines()
-    if lines:
-        try:
-            result = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            result = None
-    return OfferRun(done.returncode, result, done.stdout, done.stderr, elapsed)
+    """An `OfferProcess` to completion. Its stderr is kept in `log_path`, or only in the returned `OfferRun`."""
+    with tempfile.TemporaryDirectory(prefix="ecn-offer-") as scratch:
+        process = OfferProcess(where, key, code, *args, log_path=log_path or Path(scratch) / "offer.log", **options)
+        return process.finish(timeout)
 
 
 class DelayRelay:

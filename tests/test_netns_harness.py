@@ -308,19 +308,37 @@ def test_proc_net_tcp_parsing() -> None:
     assert parse_proc_net_tcp(text) == [("10.77.1.10", 4001, "10.77.2.10", 50000)]
 
 
+RULE_TARGET = "tests/test_netns_harness.py::test_hosts_on_two_subnets_talk_across_the_router"
+
+
+def run_rule(prefix: list[str], env: dict[str, str], *, required: bool) -> subprocess.CompletedProcess[str]:
+    """One netns test in a child pytest, with or without EDGECODER_REQUIRE_NETNS=1."""
+    env = {k: v for k, v in env.items() if k != "EDGECODER_REQUIRE_NETNS"}
+    if required:
+        env["EDGECODER_REQUIRE_NETNS"] = "1"
+    argv = [*prefix, sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", RULE_TARGET]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+def assert_skips_then_fails(prefix: list[str], env: dict[str, str], reason: str) -> None:
+    skipped = run_rule(prefix, env, required=False)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout + skipped.stderr
+    assert f"needs root and iproute2/iptables: {reason}" in skipped.stdout, skipped.stdout
+    failed = run_rule(prefix, env, required=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"EDGECODER_REQUIRE_NETNS=1 but needs root and iproute2/iptables: {reason}" in failed.stdout, failed.stdout
+
+
+def test_without_iproute2_netns_tests_skip_with_the_reason_or_fail_when_required() -> None:
+    """The conftest rule, on a machine whose PATH has no `ip`: a clear skip, and a failure when required."""
+    assert_skips_then_fails([], {**os.environ, "PATH": "/nonexistent"}, "`ip` is not installed")
+
+
 def test_without_root_netns_tests_skip_with_the_reason_or_fail_when_required() -> None:
-    """The conftest rule, seen from a user without root: a clear skip, and a failure under EDGECODER_REQUIRE_NETNS=1."""
-    target = "tests/test_netns_harness.py::test_hosts_on_two_subnets_talk_across_the_router"
-    argv = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", target]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "EDGECODER_REQUIRE_NETNS"}
-    env["HOME"] = "/tmp"
-    skipped = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
-    assert "1 skipped" in skipped.stdout
-    assert "needs root and iproute2/iptables: not running as root (euid 65534)" in skipped.stdout
-    required = subprocess.run(
-        argv, capture_output=True, text=True, cwd=REPO, env={**env, "EDGECODER_REQUIRE_NETNS": "1"}, timeout=120
-    )
-    assert required.returncode == 1, required.stdout + required.stderr
-    assert "EDGECODER_REQUIRE_NETNS=1 but needs root and iproute2/iptables: not running as root" in required.stdout
+    """The same rule seen by a developer without root (uid 65534), where that user can read this checkout."""
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    readable = subprocess.run([*as_nobody, sys.executable, "-c", f"open({str(REPO / 'tests/conftest.py')!r})"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    if readable.returncode != 0:
+        pytest.skip(f"uid 65534 cannot run this checkout's Python or read its files: {readable.stderr.strip()[-200:]}")
+    assert_skips_then_fails(as_nobody, {**os.environ, "HOME": "/tmp"}, "not running as root (euid 65534)")

@@ -1,8 +1,10 @@
-"""Shared test machinery: async tests under Trio, and the `docker` marker's skip-or-fail rule.
+"""Shared test machinery: async tests under Trio, and the `docker` and `netns` markers' skip-or-fail rules.
 
 - An `async def test_...` runs under `trio.run` (a tiny stand-in for pytest-trio, which the project does not use).
 - A test marked `@pytest.mark.docker` needs a reachable daemon and the sandbox image with user 65534. Without
   them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_DOCKER=1 (CI), where it FAILS instead.
+- A test marked `@pytest.mark.netns` needs root, iproute2 and iptables to build network namespaces (tests/netns/).
+  Without them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_NETNS=1 (CI), where it FAILS instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import trio
 from executor.container_config import NODE_LABEL
 from executor.policy import DEFAULT_IMAGE
 from simulations.docker_relay import sweep_containers
+from tests.netns.topology import netns_problem as _probe_netns
 
 # Nodes started by tests (in process or as CLI processes, which inherit it) keep their lock and replay journal
 # in a directory of the test run, never in the developer's ~/.local/state.
@@ -57,7 +60,25 @@ def _check_docker() -> str | None:
     return None
 
 
+_netns_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
+
+
+def netns_problem() -> str | None:
+    """Why netns tests cannot run here, or None when they can. Tried once per session (a namespace, a veth, the
+    iptables matches the harness uses), then undone."""
+    global _netns_problem
+    if _netns_problem is False:
+        found = _probe_netns()
+        _netns_problem = None if found is None else f"needs root and iproute2/iptables: {found}"
+    assert _netns_problem is not False
+    return _netns_problem
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("netns") is not None and (problem := netns_problem()) is not None:
+        if os.environ.get("EDGECODER_REQUIRE_NETNS") == "1":
+            pytest.fail(f"EDGECODER_REQUIRE_NETNS=1 but {problem}", pytrace=False)
+        pytest.skip(problem)
     if item.get_closest_marker("docker") is None:
         return
     problem = docker_problem()

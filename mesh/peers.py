@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,11 @@ class Heartbeat:
 
 
 class PeerDirectory:
-    """Bounded: at most `capacity` peers, and a heartbeat older than `stale_after` seconds counts for nothing."""
+    """Bounded: at most `capacity` peers, and a heartbeat older than `stale_after` seconds counts for nothing.
+
+    Kept in the order heartbeats were last seen, so that making room (the peer heard from longest ago goes) and
+    listing the fresh ones cost O(1) per peer, not a scan of all of them.
+    """
 
     def __init__(
         self, *, stale_after: float = 10.0, capacity: int = 10_000, monotonic: Callable[[], float] = time.monotonic
@@ -44,18 +49,21 @@ class PeerDirectory:
         self.stale_after = stale_after
         self.capacity = capacity
         self._monotonic = monotonic
-        self._latest: dict[str, Heartbeat] = {}
+        self._latest: OrderedDict[str, Heartbeat] = OrderedDict()
         self.ignored = 0
+
+    def __len__(self) -> int:
+        return len(self._latest)
 
     def observe(self, peer_id: str, data: Any) -> None:
         heartbeat = Heartbeat.parse(peer_id, data, self._monotonic())
         if heartbeat is None:
             self.ignored += 1
             return
-        if peer_id not in self._latest and len(self._latest) >= self.capacity:
-            oldest = min(self._latest.values(), key=lambda h: h.seen_at)
-            del self._latest[oldest.peer_id]
         self._latest[peer_id] = heartbeat
+        self._latest.move_to_end(peer_id)
+        while len(self._latest) > self.capacity:
+            self._latest.popitem(last=False)
 
     def forget(self, peer_id: str) -> None:
         self._latest.pop(peer_id, None)
@@ -72,5 +80,11 @@ class PeerDirectory:
         return None if heartbeat is None else heartbeat.sandbox_mode
 
     def fresh(self) -> list[Heartbeat]:
+        """Fresh heartbeats, newest first: the walk stops at the first stale one."""
         now = self._monotonic()
-        return [h for h in self._latest.values() if now - h.seen_at <= self.stale_after]
+        found = []
+        for heartbeat in reversed(self._latest.values()):
+            if now - heartbeat.seen_at > self.stale_after:
+                break
+            found.append(heartbeat)
+        return found

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 from bleak.backends.client import BaseBleakClient
@@ -25,6 +26,7 @@ from transports.ble.bridge import AsyncioThread, TrioPortal
 from transports.ble.central import BleCentral, CentralStats
 from transports.ble.outcomes import OutcomeLog, SessionOutcome
 from transports.ble.policy import ProximityPolicy
+from transports.ble.protocol import ClaimSigner
 
 TRANSPORT_NAME = "ble"
 
@@ -41,6 +43,12 @@ class BleBackend:
     scanner: type[BaseBleakScanner] | None = None
     client: type[BaseBleakClient] | None = None
     thread: AsyncioThread | None = None
+
+
+class BleRadio(Protocol):
+    """Where the node's central runs: BlueZ, a bumble host stack over HCI, or a simulated radio (see `radios`)."""
+
+    async def central_backend(self) -> BleBackend: ...
 
 
 class _Port:
@@ -80,11 +88,11 @@ class BleTransport:
         sink: OfferSink,
         policy: ProximityPolicy | None = None,
         *,
-        claimant_peer_id: str,
+        claimant: ClaimSigner,
         backend: BleBackend | None = None,
     ) -> AsyncIterator[BleTransport]:
-        """Run the transport for the duration of the block. `claimant_peer_id` is this node's PeerID: offerers
-        expect the result to be signed by the key it names."""
+        """Run the transport for the duration of the block. `claimant` is this node's identity: it signs each claim
+        (over the link's nonce), and offerers then expect the result to be signed by the same key."""
         backend = backend or BleBackend()
         async with contextlib.AsyncExitStack() as stack:
             thread = backend.thread
@@ -96,7 +104,7 @@ class BleTransport:
 
                 async def make_central() -> BleCentral:
                     # Built on the asyncio loop: bleak objects belong to the loop that uses them.
-                    return BleCentral(port, self.policy, claimant_peer_id, backend.scanner, backend.client)
+                    return BleCentral(port, self.policy, claimant, backend.scanner, backend.client)
 
                 central = self._central = await thread.run(make_central)
                 nursery.start_soon(thread.run, central.run)

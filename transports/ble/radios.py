@@ -19,9 +19,9 @@ from transports.ble.offer_server import PeripheralState, RefusalRecord, ResultVe
 from transports.ble.peripheral import BumbleOfferPeripheral, PeripheralFaults
 from transports.ble.protocol import PeerInfo
 from transports.ble.timing import LinkProfile
-from transports.ble.transport import BleBackend
+from transports.ble.transport import BleBackend, BleRadio
 
-__all__ = ["BleSetupError", "BlueZRadio", "HciRadio", "HciSpec", "open_bluez_radio", "open_hci_radio"]
+__all__ = ["BleSetupError", "BlueZRadio", "HciRadio", "HciSpec", "open_bluez_radio", "open_hci_radio", "open_radio"]
 
 
 class HasPeerIdentity(Protocol):
@@ -168,3 +168,21 @@ async def open_hci_radio(
 
         device = await thread.run(open_device)
         yield HciRadio(thread, device, spec, link_model)
+
+
+@contextlib.asynccontextmanager
+async def open_radio(choice: str | HciSpec, *, link_model: LinkProfile | None = None) -> AsyncIterator[BleRadio]:
+    """The node's radio by name: "bluez" (checked), "sim" (a simulated radio in this process) or an `HciSpec`."""
+    if isinstance(choice, HciSpec):
+        async with open_hci_radio(choice, link_model=link_model) as hci_radio:
+            yield hci_radio
+    elif choice == "sim":
+        from transports.ble.sim import open_simulated_radio
+
+        async with open_simulated_radio(link_model) as sim_radio:
+            yield sim_radio
+    elif choice == "bluez":
+        async with open_bluez_radio() as bluez_radio:
+            yield bluez_radio
+    else:
+        raise ValueError(f"unknown radio {choice!r}")

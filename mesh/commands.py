@@ -128,10 +128,26 @@ async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
         sandbox=options.sandbox,  # type: ignore[arg-type]
         ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
     )
-    async with open_hci_radio(spec, name="edgecoder-offer", link_model=model) as radio:
-        raw = offer.sign(options.identity)
-        outcome = await offer_over_ble(radio, options.identity, offer, raw, wait_s=options.wait_s)
-    return OfferOutcome(result=outcome.result, refusal=outcome.refusal)
+    outcomes = []
+    # Ctrl-C (or SIGTERM) stops advertising and drops the links cleanly, then says so as a typed refusal.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_hci_radio(spec, name="edgecoder-offer", link_model=model) as radio, trio.open_nursery() as n:
+
+            async def advertise() -> None:
+                raw = offer.sign(options.identity)
+                outcomes.append(await offer_over_ble(radio, options.identity, offer, raw, wait_s=options.wait_s))
+                n.cancel_scope.cancel()
+
+            n.start_soon(advertise)
+            async for signum in signals:
+                log.info("interrupted", signal=signal.Signals(signum).name)
+                n.cancel_scope.cancel()
+                break
+    if not outcomes:
+        from mesh.reasons import Reason, Rejection
+
+        return OfferOutcome(refusal=Rejection(Reason.SHUTTING_DOWN, "interrupted before a verified result"))
+    return OfferOutcome(result=outcomes[0].result, refusal=outcomes[0].refusal)
 
 
 async def run_offer(options: OfferOptions) -> OfferOutcome:

@@ -152,10 +152,13 @@ class BumbleOfferPeripheral:
             advertising_interval_max=20,
         )
 
-    async def stop(self) -> None:
-        """Stop advertising, drop every link and wait for the senders: nothing of this peripheral is left running."""
+    async def stop(self, drain_s: float = 2.0) -> None:
+        """Stop advertising, let what is being sent finish (bounded: the RESULT_ACK of a result just verified must
+        reach its node), drop every link: nothing of this peripheral is left running."""
         with contextlib.suppress(Exception):
             await self.device.stop_advertising()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=drain_s)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -192,11 +195,16 @@ class BumbleOfferPeripheral:
             self._perform([Disconnect(handle, "fault: drop the link mid-reply")])
             return
         claims_before = len(self.server.claims)
-        actions = self.server.write(handle, uuid, bytes(value), connection.att_mtu)
+        actions = self.server.write(handle, uuid, bytes(value), self._mtu(connection))
         if faults.disconnect_on_claim and len(self.server.claims) != claims_before:
             actions = [Disconnect(handle, "fault: drop the link on a claim")]
         self._perform(actions)
         self._changed.set()
+
+    def _mtu(self, connection: Connection) -> int:
+        # With a link model, frames are cut to the model's MTU too, so that the pacing plays the model's link.
+        mtu: int = connection.att_mtu
+        return min(mtu, self.link_model.att_mtu) if self.link_model is not None else mtu
 
     def _perform(self, actions: list[Action]) -> None:
         for action in actions:

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+import structlog
 import trio
 from bleak.backends.client import BaseBleakClient
 from bleak.backends.scanner import BaseBleakScanner
 
-from transports.base import ClaimFn, Delivery, OfferSink, ReplyFn, Verdict
+from transports.base import Admitted, ClaimFn, Delivery, OfferSink, ReplyFn, Verdict
 from transports.ble.bridge import AsyncioThread, TrioPortal
 from transports.ble.central import BleCentral, CentralStats
 from transports.ble.outcomes import OutcomeLog, SessionOutcome
@@ -29,6 +30,7 @@ from transports.ble.policy import ProximityPolicy
 from transports.ble.protocol import ClaimSigner
 
 TRANSPORT_NAME = "ble"
+log = structlog.get_logger("edgecoder.ble")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class _Port:
         return await self._portal.call(self._transport._deliver, raw, sender, claim, reply)
 
     def report(self, outcome: SessionOutcome) -> None:
-        self._portal.post(self._transport.outcomes.append, outcome)
+        self._portal.post(self._transport.record, outcome)
 
 
 class BleTransport:
@@ -113,6 +115,22 @@ class BleTransport:
                     yield self
                 finally:
                     nursery.cancel_scope.cancel()
+
+    def record(self, outcome: SessionOutcome) -> None:
+        """Keep a session's outcome (tests wait on `outcomes`) and log it: every fault a peer caused is typed."""
+        self.outcomes.append(outcome)
+        verdict = outcome.verdict
+        log.info(
+            "ble session",
+            address=outcome.address,
+            advertised_peer_id=outcome.advertised_peer_id,
+            verdict="admitted" if isinstance(verdict, Admitted) else getattr(verdict, "reason", None),
+            fault=outcome.fault.detail if outcome.fault is not None else None,
+            claimed=outcome.claimed,
+            replied=outcome.replied,
+            connect_attempts=outcome.connect_attempts,
+            reconnects=outcome.reconnects,
+        )
 
     @property
     def scanning(self) -> bool:

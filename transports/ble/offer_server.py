@@ -9,8 +9,9 @@ What it promises, whatever any central writes:
   link's nonce (served in CAPABILITIES) and the offer digest. A PeerID that embeds no Ed25519 key, a bad signature,
   or a claim signed for another link is refused. The same claimant asking again (after a reconnect) is granted again.
 * **Grants lapse.** A grant that brings no verified result within `grant_lease_s` lapses: the offer is open to
-  others, and the lapsed key is not granted this offer again. The lease runs from the first grant; re-claiming does
-  not extend it.
+  others, the holder's links are dropped (so the offer is advertised again), and the lapsed key is not granted this
+  offer again. The lease runs from the first grant; re-claiming does not extend it. A link that holds no grant and
+  writes nothing for `link_idle_s` is dropped too: while a node is connected, the offer is not advertised.
 * **Bounded memory per link and in total.** A link without a grant may buffer one small message (`MAX_SMALL_MESSAGE`
   bytes); only the link of the grant holder may buffer a result (`max_result_bytes`). At most `max_links` links are
   served (more are dropped), each for at most `max_messages_per_link` messages and `max_offer_sends_per_link` offer
@@ -74,6 +75,9 @@ class ServerLimits:
     max_offer_sends_per_link: int = 2
     # How long a grant may go without a verified result. The offerer sets it from the offer's own timeout.
     grant_lease_s: float = 120.0
+    # A link that holds no grant and writes nothing for this long is dropped. While any node is connected, a
+    # legacy advertiser is silent, so a link that just sits there would hide the offer from every other node.
+    link_idle_s: float = 60.0
     keep_records: int = 64
 
 
@@ -114,6 +118,7 @@ class _Link:
     offer_sends: int = 0
     offers_sent: int = 0  # numbers this link's offer messages (see `framing`)
     answers_sent: int = 0
+    last_write: float = 0.0
 
 
 @dataclass(slots=True)
@@ -185,7 +190,7 @@ class OfferServer:
     def connect(self, link: int) -> list[Action]:
         if len(self._links) >= self.limits.max_links:
             return [Disconnect(link, f"already serving {self.limits.max_links} links")]
-        self._links[link] = _Link(self._make_nonce(), Reassembler(MAX_SMALL_MESSAGE))
+        self._links[link] = _Link(self._make_nonce(), Reassembler(MAX_SMALL_MESSAGE), last_write=self._clock())
         self.links_served += 1
         return []
 
@@ -200,10 +205,20 @@ class OfferServer:
 
     # -- writes -------------------------------------------------------------------------------------------------
 
+    def tick(self) -> list[Action]:
+        """Call now and then (the radio does, every second): lapses grants and drops links that only hold the radio."""
+        actions: list[Action] = [Disconnect(link, "its grant lapsed without a result") for link in self._lapse_if_due()]
+        now = self._clock()
+        for link, state in self._links.items():
+            if state.claimant is None and now - state.last_write >= self.limits.link_idle_s:
+                actions.append(Disconnect(link, f"idle for {self.limits.link_idle_s:g} s without a grant"))
+        return actions
+
     def write(self, link: int, characteristic: str, value: bytes, att_mtu: int) -> list[Action]:
         state = self._links.get(link)
         if state is None:
             return []
+        state.last_write = self._clock()
         if characteristic == OFFER_UUID:
             return self._on_offer_write(link, state, value, att_mtu)
         if characteristic == EXCHANGE_UUID:
@@ -259,17 +274,20 @@ class OfferServer:
 
     # -- claims and results -------------------------------------------------------------------------------------
 
-    def _lapse_if_due(self) -> None:
+    def _lapse_if_due(self) -> list[int]:
+        """Withdraw a grant whose lease ran out; returns the links that held it."""
         grant = self._grant
-        if grant is None or self.result is not None:
-            return
-        if self._clock() - grant.granted_at >= self.limits.grant_lease_s:
-            self.lapsed.add(grant.claimant)
-            self._grant = None
-            for state in self._links.values():
-                if state.claimant == grant.claimant:
-                    state.claimant = None
-                    state.exchange.max_message = MAX_SMALL_MESSAGE
+        if grant is None or self.result is not None or self._clock() - grant.granted_at < self.limits.grant_lease_s:
+            return []
+        self.lapsed.add(grant.claimant)
+        self._grant = None
+        holders = []
+        for link, state in self._links.items():
+            if state.claimant == grant.claimant:
+                state.claimant = None
+                state.exchange.max_message = MAX_SMALL_MESSAGE
+                holders.append(link)
+        return holders
 
     def _decide_claim(self, state: _Link, body: bytes) -> tuple[str, bool, str]:
         try:

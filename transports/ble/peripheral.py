@@ -39,6 +39,7 @@ from transports.ble.timing import LinkPacer, LinkProfile
 log = logging.getLogger(__name__)
 
 ADVERTISED_NAME = "EdgeCoder"
+TICK_S = 0.5  # how often grants are checked for lapse and idle links for dropping
 
 __all__ = ["BumbleOfferPeripheral", "PeripheralFaults", "PeripheralState", "ResultVerifier", "ServerLimits"]
 
@@ -79,6 +80,7 @@ class BumbleOfferPeripheral:
         self._send_locks: dict[int, asyncio.Lock] = {}
         self._pacers: dict[int, LinkPacer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
         self._offer_char = self._writable(OFFER_UUID)
         self._exchange_char = self._writable(EXCHANGE_UUID)
         # Read per link: each link gets its own claim nonce.
@@ -151,10 +153,18 @@ class BumbleOfferPeripheral:
             advertising_interval_min=20,
             advertising_interval_max=20,
         )
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._perform(self.server.tick())
 
     async def stop(self, drain_s: float = 2.0) -> None:
         """Stop advertising, let what is being sent finish (bounded: the RESULT_ACK of a result just verified must
         reach its node), drop every link: nothing of this peripheral is left running."""
+        if self._ticker is not None:
+            self._ticker.cancel()
         with contextlib.suppress(Exception):
             await self.device.stop_advertising()
         if self._tasks:

@@ -193,7 +193,10 @@ class BumbleClient(BaseBleakClient):
 
     @property
     def mtu_size(self) -> int:
-        return self._connection.att_mtu if self._connection is not None else att.ATT_DEFAULT_MTU
+        mtu: int = self._connection.att_mtu if self._connection is not None else att.ATT_DEFAULT_MTU
+        model = self.central.link_model
+        # With a link model the client frames at the model's MTU too, so that the pacing plays the model's link.
+        return min(mtu, model.att_mtu) if model is not None else mtu
 
     @property
     def is_connected(self) -> bool:

@@ -43,6 +43,67 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+class BleUnavailable(click.ClickException):
+    """A BLE radio that cannot be used here: its reason and fix, exit 2, before `ready`."""
+
+    exit_code = 2
+
+
+def ble_hci_spec(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Checks the text of --ble-hci at parse time (exit 2); the radio itself is checked when it is opened."""
+    if value is None:
+        return None
+    from transports.ble.hci import BleSetupError, HciSpec
+
+    try:
+        return HciSpec.parse(value).text
+    except BleSetupError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def run_command(afn: Any, options: Any) -> Any:
+    """`trio.run(afn, options)`, with the typed failures that surface only once the command runs turned into their
+    one-line answers: a busy port, a running twin or a bad address (exit 2), a BLE radio that cannot be used
+    (exit 2), an offer too large to send (exit 2), and Ctrl-C (exit 130). Trio may wrap them in exception groups."""
+    from mesh.commands import Interrupted, OfferTooLarge
+    from mesh.state import StateDirError
+    from transports.p2p import AddressError
+
+    try:
+        return trio.run(afn, options)
+    except Exception as exc:
+        if cause_of(exc, (Interrupted,)) is not None:
+            click.echo("interrupted: the node was told to stop the run", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        hci = sys.modules.get("transports.ble.hci")  # imported only by BLE commands, so only they can raise it
+        if hci is not None and (ble := cause_of(exc, (hci.BleSetupError,))) is not None:
+            raise BleUnavailable(f"BLE: {ble}") from None
+        cause = cause_of(exc, (AddressError, StateDirError, OfferTooLarge))
+        if cause is None:
+            raise
+        raise InputError(str(cause)) from None
+
+
+ble_hci_option = click.option(
+    "--ble-hci",
+    "ble_hci",
+    default=None,
+    metavar="SPEC",
+    callback=ble_hci_spec,
+    help="BLE through bumble's host stack on this HCI transport: usb:0, hci-socket:0, serial:/dev/ttyACM0, "
+    "tcp-client:HOST:PORT (see docs/ble.md).",
+)
+# Why offering through the OS stack is refused (docs/ble.md, "Offering from a laptop").
+OFFER_BLE_UNSUPPORTED = (
+    "BLE: `offer --ble` (a GATT server through the OS Bluetooth stack) is not supported. An offering peer keeps a "
+    "claim "
+    "nonce, framing and a grant per node link, and bless, the GATT-server library for BlueZ, CoreBluetooth and WinRT, "
+    "does not say which central wrote (write_request_func(characteristic, value)) and notifies every subscriber at "
+    "once (update_value); this machine also has no Bluetooth at all. Fix: offer through bumble with --ble-hci: "
+    "hci-socket:0 for a Linux laptop's own controller, usb:0 for a USB dongle on any OS."
+)
+
+
 def load_identity(path: Path) -> NodeIdentity:
     """A key file problem is a message and exit code 2, never a traceback."""
     try:
@@ -182,8 +243,9 @@ def keygen(out: Path, force: bool) -> None:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None)
 @click.option("--log-json", is_flag=True, help="Structured logs as JSON lines on stderr.")
 @click.option("--coordinator", default=None, help="Pull work from a coordinator at this URL too.")
-@click.option("--ble", is_flag=True, help="Also take offers from nearby BLE peers.")
-@click.option("--ble-sim", is_flag=True, help="Use the simulated radio (bumble LocalLink) instead of BlueZ.")
+@click.option("--ble", is_flag=True, help="Also take offers from nearby BLE peers (BlueZ through bleak).")
+@ble_hci_option
+@click.option("--ble-sim", is_flag=True, help="BLE on a simulated radio in this process (implies --ble).")
 def node(
     key: Path,
     listen: tuple[str, ...],
@@ -193,13 +255,14 @@ def node(
     log_json: bool,
     coordinator: str | None,
     ble: bool,
+    ble_hci: str | None,
     ble_sim: bool,
 ) -> None:
     """Run a node. Its first stdout line is the `ready` event as JSON."""
     from mesh import logs
     from mesh.commands import NodeOptions, run_node
     from mesh.gate import sandbox_mode_from_env
-    from mesh.state import StateDirError, default_state_root
+    from mesh.state import default_state_root
     from transports.p2p import AddressError, parse_listen_addr, parse_peer_addr
 
     logs.configure(json_lines=log_json)
@@ -212,6 +275,8 @@ def node(
             parse_peer_addr(addr)
     except (ValueError, AddressError) as exc:
         raise InputError(str(exc)) from None
+    if ble_hci is not None and ble_sim:
+        raise click.UsageError("--ble-hci and --ble-sim name two different radios: give one of them")
     options = NodeOptions(
         identity,
         list(listen),
@@ -221,15 +286,10 @@ def node(
         coordinator,
         ble,
         ble_sim,
+        ble_hci,
         state_root=state_dir or default_state_root(),
     )
-    try:
-        trio.run(run_node, options)
-    except Exception as exc:  # found only once the node starts: a busy port, a running twin
-        cause = cause_of(exc, (AddressError, StateDirError))
-        if cause is None:
-            raise
-        raise InputError(str(cause)) from None
+    run_command(run_node, options)
 
 
 @main.command()
@@ -237,6 +297,14 @@ def node(
 @click.option("--to", "to", default=None, help="Send directly to the node at this multiaddr.")
 @click.option("--gossip", is_flag=True, help="Publish on the offers topic; one node claims and runs it.")
 @click.option("--peer", "peers", multiple=True, help="With --gossip: a mesh node to connect to (repeatable).")
+@ble_hci_option
+@click.option("--ble", "ble_os", is_flag=True, help="Offer through the OS Bluetooth stack: not supported (exit 2).")
+@click.option(
+    "--ble-link-model",
+    type=click.Choice(["ios", "android", "linux"]),
+    default=None,
+    help="With --ble-hci on virtual controllers: pace the radio as this platform's link would (docs/ble.md).",
+)
 @language_option
 @code_option
 @input_option
@@ -249,6 +317,9 @@ def offer(
     to: str | None,
     gossip: bool,
     peers: tuple[str, ...],
+    ble_hci: str | None,
+    ble_os: bool,
+    ble_link_model: str | None,
     language: str,
     code_file: Path,
     input_json: str | None,
@@ -259,12 +330,16 @@ def offer(
 ) -> None:
     """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
     from mesh import logs
-    from mesh.commands import Interrupted, OfferOptions, run_offer
+    from mesh.commands import OfferOptions, run_offer
     from mesh.offers import MAX_CODE_CHARS
     from transports.p2p import AddressError, parse_peer_addr
 
-    if (to is None) == (not gossip):
-        raise click.UsageError("give exactly one of --to MULTIADDR or --gossip --peer MULTIADDR")
+    if ble_os:
+        raise BleUnavailable(OFFER_BLE_UNSUPPORTED)
+    if [to is not None, gossip, ble_hci is not None].count(True) != 1:
+        raise click.UsageError("give exactly one of --to MULTIADDR, --gossip --peer MULTIADDR or --ble-hci SPEC")
+    if ble_link_model is not None and ble_hci is None:
+        raise click.UsageError("--ble-link-model paces a --ble-hci radio: give --ble-hci too")
     if gossip and not peers:
         raise click.UsageError("--gossip needs at least one --peer")
     identity = load_identity(key)
@@ -287,17 +362,10 @@ def offer(
         limits=Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
         sandbox=sandbox,
         wait_s=wait_s,
+        ble_hci=ble_hci,
+        ble_link_model=ble_link_model,
     )
-    try:
-        outcome = trio.run(run_offer, options)
-    except Exception as exc:
-        if cause_of(exc, (Interrupted,)) is not None:
-            click.echo("interrupted: the node was told to stop the run", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        cause = cause_of(exc, (ValueError,))  # the offer cannot be sent (too large, say): checked before dialling
-        if cause is None:
-            raise
-        raise InputError(str(cause)) from None
+    outcome = run_command(run_offer, options)
     if outcome.refusal is not None:
         emit({"ok": False, "refusal": str(outcome.refusal.reason), "detail": outcome.refusal.detail})
         sys.exit(EXIT_REFUSED)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
@@ -17,6 +18,9 @@ from executor.policy import ExecutorPolicy
 from mesh.gate import SandboxMode
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig, OfferOutcome
+
+if TYPE_CHECKING:
+    from transports.ble.transport import BleRadio
 
 log = structlog.get_logger("edgecoder.cli")
 
@@ -31,7 +35,24 @@ class NodeOptions:
     coordinator: str | None = None
     ble: bool = False
     ble_sim: bool = False
+    ble_hci: str | None = None
     state_root: Path | None = None
+
+
+@contextlib.asynccontextmanager
+async def open_ble_radio(options: NodeOptions) -> AsyncIterator[BleRadio | None]:
+    """The node's BLE radio, opened (and checked) before anything else: one that cannot work is a
+    `BleSetupError` (exit 2) before `ready`. None when the node takes no BLE offers."""
+    if not (options.ble or options.ble_sim or options.ble_hci):
+        yield None
+        return
+    from transports.ble.hci import HciSpec
+    from transports.ble.radios import open_radio
+
+    # --ble-sim: the simulated radio lives in this process (tests, the demo and simulations add offering peers to it).
+    choice = HciSpec.parse(options.ble_hci) if options.ble_hci else "sim" if options.ble_sim else "bluez"
+    async with open_radio(choice) as radio:
+        yield radio
 
 
 async def run_node(options: NodeOptions) -> None:
@@ -44,7 +65,7 @@ async def run_node(options: NodeOptions) -> None:
         state_root=options.state_root,
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with contextlib.AsyncExitStack() as stack, MeshNode.open(config) as node, trio.open_nursery() as nursery:
+        async with open_ble_radio(options) as ble_radio, MeshNode.open(config) as node, trio.open_nursery() as nursery:
             if options.metrics_port is not None:
                 from mesh.metrics_server import serve_metrics
 
@@ -56,15 +77,8 @@ async def run_node(options: NodeOptions) -> None:
                     options.coordinator, options.identity, node.intake, lambda: node.gate.reported_mode
                 )
                 nursery.start_soon(puller.run)
-            if options.ble:
-                radio = None
-                if options.ble_sim:
-                    from transports.ble.sim import open_simulated_radio
-
-                    # The simulated radio lives in this process: tests, the demo and simulations add offering
-                    # peers to it. On a laptop, leave --ble-sim off and bleak uses BlueZ.
-                    radio = await stack.enter_async_context(open_simulated_radio())
-                await nursery.start(node.run_ble, radio)
+            if ble_radio is not None:
+                await nursery.start(node.run_ble, ble_radio)
             print(
                 json.dumps(
                     {
@@ -96,10 +110,56 @@ class OfferOptions:
     limits: Limits
     sandbox: str
     wait_s: float
+    ble_hci: str | None = None
+    ble_link_model: str | None = None  # pace the radio as this preset would (virtual controllers only)
+
+
+async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
+    """Advertise the offer over BLE from an HCI radio, and wait for a nearby node's verified result."""
+    from mesh.offers import TaskOffer
+    from transports.ble.hci import HciSpec
+    from transports.ble.offering import offer_over_ble
+    from transports.ble.radios import open_hci_radio
+    from transports.ble.timing import PRESETS
+
+    assert options.ble_hci is not None
+    spec = HciSpec.parse(options.ble_hci)
+    model = PRESETS[options.ble_link_model] if options.ble_link_model else None
+    offer = TaskOffer.create(
+        options.identity,
+        language=options.language,  # type: ignore[arg-type]
+        code=options.code,
+        input=options.input,
+        limits=options.limits,
+        sandbox=options.sandbox,  # type: ignore[arg-type]
+        ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
+    )
+    outcomes = []
+    # Ctrl-C (or SIGTERM) stops advertising and drops the links cleanly, then says so as a typed refusal.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_hci_radio(spec, name="edgecoder-offer", link_model=model) as radio, trio.open_nursery() as n:
+
+            async def advertise() -> None:
+                raw = offer.sign(options.identity)
+                outcomes.append(await offer_over_ble(radio, options.identity, offer, raw, wait_s=options.wait_s))
+                n.cancel_scope.cancel()
+
+            n.start_soon(advertise)
+            async for signum in signals:
+                log.info("interrupted", signal=signal.Signals(signum).name)
+                n.cancel_scope.cancel()
+                break
+    if not outcomes:
+        raise Interrupted  # Ctrl-C before a verified result: exit 130, as on the other offer paths
+    return OfferOutcome(result=outcomes[0].result, refusal=outcomes[0].refusal)
 
 
 class Interrupted(Exception):
     """The user pressed Ctrl-C (or the offerer got SIGTERM); the node was told to stop the run."""
+
+
+class OfferTooLarge(ValueError):
+    """The signed offer is larger than a node takes: refused before anything is dialled."""
 
 
 async def run_offer(options: OfferOptions) -> OfferOutcome:
@@ -108,6 +168,8 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     Ctrl-C cancels the wait; the cancellation sends the abort (an abort frame on the offer stream, or an abort to
     each gossip claimant) before this raises `Interrupted`. The offer's size is checked before anything is dialled.
     """
+    if options.ble_hci is not None:
+        return await run_ble_offer(options)
     from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
     from mesh.reasons import Reason, Rejection
 
@@ -124,7 +186,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
                 ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
             )
             if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:
-                raise ValueError(
+                raise OfferTooLarge(
                     f"the signed offer is {len(raw):,} bytes; a node takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}"
                 )
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from executor.runner import Executor
     from transports.ble import BleTransport
-    from transports.ble.sim import SimulatedRadioHandle
+    from transports.ble.transport import BleRadio
 
 from executor.contract import ErrorKind, ExecRequest, ExecResult, QueueReason, refusal
 from executor.policy import ExecutorPolicy
@@ -199,18 +199,18 @@ class MeshNode:
 
     async def run_ble(
         self,
-        radio: SimulatedRadioHandle | None = None,
+        radio: BleRadio | None = None,
         *,
         task_status: TaskStatus[BleTransport] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Take offers from nearby BLE peers: BlueZ through bleak, or a simulated radio's bumble backend.
+        """Take offers from nearby BLE peers on `radio` (`transports.ble.radios`, `.sim`), or BlueZ unchecked.
 
         The BLE transport follows `intake.participating`, so it stops scanning while the gate is closed.
         """
         from transports.ble import BleTransport  # bleak and bumble cost half a second: only for BLE nodes
 
         backend = await radio.central_backend() if radio is not None else None
-        async with BleTransport.open(self.intake, claimant_peer_id=self.peer_id, backend=backend) as transport:
+        async with BleTransport.open(self.intake, claimant=self.identity, backend=backend) as transport:
             task_status.started(transport)
             await trio.sleep_forever()
 

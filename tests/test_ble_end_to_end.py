@@ -19,7 +19,7 @@ def test_offer_claim_and_verified_result_over_simulated_radio() -> None:
             async with open_simulated_radio() as radio:
                 laptop = await radio.add_offering_peer(OFFERER, offer)
                 backend = await radio.central_backend()
-                async with BleTransport.open(intake, FAST, claimant_peer_id=NODE.peer_id, backend=backend) as ble:
+                async with BleTransport.open(intake, FAST, claimant=NODE, backend=backend) as ble:
                     result = await laptop.wait_result()
                     outcomes = await ble.outcomes.wait_for(lambda items: len(items) >= 1)
         assert isinstance(result, TaskResult)

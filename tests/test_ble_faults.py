@@ -31,7 +31,7 @@ async def run_one_session(
         async with open_simulated_radio() as radio:
             await radio.add_offering_peer(OFFERER, offer or signed_offer(pad=3000), faults=faults)
             backend = await radio.central_backend()
-            async with BleTransport.open(intake, policy, claimant_peer_id=NODE.peer_id, backend=backend) as ble:
+            async with BleTransport.open(intake, policy, claimant=NODE, backend=backend) as ble:
                 (outcome,) = await ble.outcomes.wait_for(lambda items: len(items) >= 1)
     return outcome, intake
 
@@ -116,7 +116,7 @@ def test_reply_after_deliver_returns_keeps_the_link_until_the_result_is_back() -
                 async with open_simulated_radio() as radio:
                     laptop = await radio.add_offering_peer(OFFERER, signed_offer())
                     backend = await radio.central_backend()
-                    async with BleTransport.open(intake, FAST, claimant_peer_id=NODE.peer_id, backend=backend) as ble:
+                    async with BleTransport.open(intake, FAST, claimant=NODE, backend=backend) as ble:
                         await intake.decided.wait()
                         assert isinstance(intake.verdicts[0], Admitted)
                         release.set()
@@ -136,9 +136,9 @@ def test_exactly_one_claim_is_granted_per_offer() -> None:
             async with open_simulated_radio() as radio:
                 laptop = await radio.add_offering_peer(OFFERER, signed_offer())
                 a, b = await radio.central_backend(), await radio.central_backend()
-                async with BleTransport.open(first, FAST, claimant_peer_id=NODE.peer_id, backend=a) as t1:
+                async with BleTransport.open(first, FAST, claimant=NODE, backend=a) as t1:
                     await t1.outcomes.wait_for(lambda items: len(items) >= 1)
-                    async with BleTransport.open(second, FAST, claimant_peer_id=other.peer_id, backend=b) as t2:
+                    async with BleTransport.open(second, FAST, claimant=other, backend=b) as t2:
                         (late,) = await t2.outcomes.wait_for(lambda items: len(items) >= 1)
                 state = await laptop.state()
         assert state.granted_to == NODE.peer_id
@@ -159,7 +159,7 @@ def test_flood_of_advertisers_holds_the_session_caps() -> None:
                 for _ in range(12):
                     await radio.add_offering_peer(OFFERER, signed_offer(), faults=PeripheralFaults(stall_offer_after=1))
                 backend = await radio.central_backend()
-                async with BleTransport.open(intake, policy, claimant_peer_id=NODE.peer_id, backend=backend) as ble:
+                async with BleTransport.open(intake, policy, claimant=NODE, backend=backend) as ble:
                     outcomes = await ble.outcomes.wait_for(lambda items: len(items) >= 5)
                     stats = await ble.stats()
         assert stats.peak_sessions <= 2
@@ -178,7 +178,7 @@ def test_far_away_advertisers_are_never_contacted() -> None:
                 await radio.add_offering_peer(OFFERER, signed_offer(), rssi=-95)
                 near = await radio.add_offering_peer(OFFERER, signed_offer(), rssi=-40)
                 backend = await radio.central_backend()
-                async with BleTransport.open(intake, FAST, claimant_peer_id=NODE.peer_id, backend=backend) as ble:
+                async with BleTransport.open(intake, FAST, claimant=NODE, backend=backend) as ble:
                     (outcome,) = await ble.outcomes.wait_for(lambda items: len(items) >= 1)
                     stats = await ble.stats()
         assert outcome.address == near.address
@@ -194,7 +194,7 @@ def test_not_participating_means_no_scan_and_no_connection_then_resume() -> None
             async with open_simulated_radio() as radio:
                 laptop = await radio.add_offering_peer(OFFERER, signed_offer())
                 backend = await radio.central_backend()
-                async with BleTransport.open(intake, FAST, claimant_peer_id=NODE.peer_id, backend=backend) as ble:
+                async with BleTransport.open(intake, FAST, claimant=NODE, backend=backend) as ble:
                     # Let the participation watcher run several times while withdrawn.
                     await trio.sleep(FAST.participation_poll_s * 10)
                     stats = await ble.stats()

@@ -30,6 +30,8 @@ from bumble import att, core, hci
 from bumble.device import Advertisement, Connection, Device, Peer
 from bumble.gatt_client import CharacteristicProxy
 
+from transports.ble.timing import DISCOVERY_ROUND_TRIPS, LinkPacer, LinkProfile, read_round_trips
+
 log = logging.getLogger(__name__)
 
 # What an OS stack asks for on connect (BlueZ and CoreBluetooth both exchange the MTU by themselves).
@@ -67,12 +69,20 @@ class BumbleCentral:
     """One powered-on bumble `Device` shared by every scanner and client bound to it.
 
     `rssi_of(address, reported)` lets a simulated radio model distance: bumble's virtual controllers report -50 dBm
-    for every advertisement.
+    for every advertisement. `link_model` paces the clients' ATT requests and writes (`timing.LinkPacer`).
     """
 
-    def __init__(self, device: Device, rssi_of: Callable[[str, int], int] | None = None) -> None:
+    def __init__(
+        self,
+        device: Device,
+        rssi_of: Callable[[str, int], int] | None = None,
+        *,
+        link_model: LinkProfile | None = None,
+    ) -> None:
         self.device = device
         self.rssi_of = rssi_of or (lambda _address, reported: reported)
+        # Virtual controllers deliver at once; a link model makes every client wait as that radio would.
+        self.link_model = link_model
         # A controller has one pending LE connection at a time (bumble refuses a second), as real ones do.
         self.connect_lock = asyncio.Lock()
         self._listeners: list[AdvertisementListener] = []
@@ -170,6 +180,12 @@ class BumbleClient(BaseBleakClient):
         self._connection: Connection | None = None
         self._peer: Peer | None = None
         self._closing = False
+        model = self.central.link_model
+        self._pacer = LinkPacer(model) if model is not None else None
+
+    async def _pace(self, round_trips: int = 1) -> None:
+        if self._pacer is not None:
+            await self._pacer.round_trip(round_trips)
 
     @property
     def name(self) -> str:
@@ -177,7 +193,10 @@ class BumbleClient(BaseBleakClient):
 
     @property
     def mtu_size(self) -> int:
-        return self._connection.att_mtu if self._connection is not None else att.ATT_DEFAULT_MTU
+        mtu: int = self._connection.att_mtu if self._connection is not None else att.ATT_DEFAULT_MTU
+        model = self.central.link_model
+        # With a link model the client frames at the model's MTU too, so that the pacing plays the model's link.
+        return min(mtu, model.att_mtu) if model is not None else mtu
 
     @property
     def is_connected(self) -> bool:
@@ -201,6 +220,7 @@ class BumbleClient(BaseBleakClient):
         try:
             await self._gatt(self._peer.request_mtu(REQUESTED_MTU))
             self.services = await self._discover(self._peer)
+            await self._pace(2 + DISCOVERY_ROUND_TRIPS)  # connection, MTU exchange, discovery
         except BaseException:
             await self.disconnect()
             raise
@@ -279,7 +299,9 @@ class BumbleClient(BaseBleakClient):
     ) -> bytearray:
         self._require_peer()
         proxy: CharacteristicProxy[bytes] = characteristic.obj
-        return bytearray(await self._gatt(proxy.read_value()))
+        value = bytearray(await self._gatt(proxy.read_value()))
+        await self._pace(read_round_trips(len(value), self.mtu_size))
+        return value
 
     async def read_gatt_descriptor(
         self, descriptor: BleakGATTDescriptor, *, use_cached: bool = False, **kwargs: Any
@@ -291,6 +313,7 @@ class BumbleClient(BaseBleakClient):
         self._require_peer()
         proxy: CharacteristicProxy[bytes] = characteristic.obj
         await self._gatt(proxy.write_value(bytes(data), with_response=response))
+        await self._pace()
 
     async def write_gatt_descriptor(self, descriptor: BleakGATTDescriptor, data: SizedBuffer) -> None:
         peer = self._require_peer()
@@ -302,6 +325,7 @@ class BumbleClient(BaseBleakClient):
         peer = self._require_peer()
         proxy: CharacteristicProxy[bytes] = characteristic.obj
         await self._gatt(peer.subscribe(proxy, lambda value: callback(bytearray(value))))
+        await self._pace()
 
     async def stop_notify(self, characteristic: BleakGATTCharacteristic) -> None:
         peer = self._require_peer()

@@ -11,6 +11,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,7 +21,7 @@ from bleak.backends.client import BaseBleakClient
 from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData, BaseBleakScanner
 
-from mesh.reasons import Rejection
+from mesh.reasons import Reason, Rejection
 from transports.base import Admitted, ClaimFn, ReplyFn, Verdict
 from transports.ble.link import GattLink, Inbox
 from transports.ble.outcomes import SessionOutcome
@@ -35,8 +37,10 @@ from transports.ble.protocol import (
     Answer,
     Capabilities,
     Claim,
+    ClaimSigner,
     Kind,
     PeerInfo,
+    Refusal,
     offer_digest,
 )
 from transports.ble.reasons import BleFault, BleReason
@@ -66,6 +70,8 @@ class CentralStats:
     sessions_started: int = 0
     peak_sessions: int = 0
     scans_started: int = 0
+    connect_retries: int = 0  # attempts beyond the first, over all sessions
+    reply_reconnects: int = 0
 
 
 @dataclass(slots=True)
@@ -85,38 +91,86 @@ class _PeerBudget:
         return True
 
 
-class OfferSession:
-    """One offer fetched from one peer: the claim and reply the node may call, bound to this link."""
+async def connect_with_retries(
+    connect: Callable[[], Awaitable[None]], policy: ProximityPolicy, rng: random.Random | None = None
+) -> int:
+    """Run `connect()` up to `policy.connect_attempts` times, each bounded by the connect timeout, with full-jitter
+    exponential backoff between tries. Returns how many attempts it took; raises CONNECT_FAILED after the last.
 
-    def __init__(self, link: GattLink, exchange: Inbox, offer: bytes, claimant: str, policy: ProximityPolicy) -> None:
-        self.link = link
-        self.exchange = exchange
+    Not bleak-retry-connector: on Linux it asks BlueZ over D-Bus about connected devices (there is none on the
+    bumble/HCI backends), and its back-off times are fixed per error rather than jittered.
+    """
+    rng = rng or random.Random()
+    last: BaseException | None = None
+    for attempt in range(max(1, policy.connect_attempts)):
+        if attempt:
+            ceiling = min(policy.connect_backoff_cap_s, policy.connect_backoff_s * 2**attempt)
+            await asyncio.sleep(rng.uniform(0, ceiling))
+        try:
+            await asyncio.wait_for(connect(), policy.connect_timeout_s)
+            return attempt + 1
+        except Exception as exc:  # bleak, backend and timeout errors alike: this attempt failed
+            last = exc
+    raise BleFault(BleReason.CONNECT_FAILED, f"{policy.connect_attempts} attempts; last: {type(last).__name__}: {last}")
+
+
+@dataclass(slots=True)
+class _Link:
+    """One connected link to the peer: the bleak client, the protocol link over it and this link's claim nonce."""
+
+    client: BleakClient
+    link: GattLink
+    nonce: bytes
+    exchange: Inbox | None = None
+    attempts: int = 1  # connection attempts it took
+
+
+class OfferSession:
+    """One offer fetched from one peer: the claim and reply the node may call.
+
+    Bound to the peer rather than to one link: if the link drops while the result is on its way, the session
+    reconnects, claims again over the new link (the offering side re-grants the key it granted) and sends the result
+    again.
+    """
+
+    def __init__(self, central: BleCentral, device: BLEDevice, current: _Link, offer: bytes) -> None:
+        self.central = central
+        self.device = device
+        self.policy = central.policy
+        self.current = current
         self.offer = offer
-        self.claimant = claimant
-        self.policy = policy
         self.granted = False
         self.result_delivered = False
+        self.reconnects = 0
         self.replied = asyncio.Event()  # set when a reply was attempted, delivered or not
         # Set once the node is done with this link: its claim was refused or failed, or its reply was attempted.
         self.settled = asyncio.Event()
         self.fault: BleFault | None = None
         self._lock = asyncio.Lock()  # one exchange at a time on the EXCHANGE characteristic
 
+    async def _exchange(self) -> Inbox:
+        if self.current.exchange is None:
+            self.current.exchange = await self.current.link.subscribe(EXCHANGE_UUID, MAX_SMALL_MESSAGE)
+        return self.current.exchange
+
     async def _ask(self, message: bytes, expect: Kind, timeout: float) -> Answer:
         async with self._lock:
-            await self.link.send(EXCHANGE_UUID, message)
-            answer = Answer.decode(await self.exchange.next_message(self.policy.idle_timeout_s, timeout))
+            exchange = await self._exchange()
+            await self.current.link.send(EXCHANGE_UUID, message)
+            answer = Answer.decode(await exchange.next_message(self.policy.idle_timeout_s, timeout))
         if answer.kind != expect:
             raise BleFault(BleReason.MALFORMED_FRAME, f"expected {expect.name}, got {answer.kind.name}")
         return answer
+
+    async def _claim_on_link(self) -> Answer:
+        claim = Claim.signed(self.central.claimant, self.current.nonce, offer_digest(self.offer))
+        return await self._ask(claim.encode(), Kind.GRANT, self.policy.claim_timeout_s)
 
     async def claim(self) -> bool:
         if self.granted:
             return True
         try:
-            answer = await self._ask(
-                Claim(self.claimant, offer_digest(self.offer)).encode(), Kind.GRANT, self.policy.claim_timeout_s
-            )
+            answer = await self._claim_on_link()
         except BleFault as fault:
             self.fault = fault
             self.settled.set()
@@ -127,12 +181,29 @@ class OfferSession:
         self.granted = answer.ok
         return answer.ok
 
+    async def refuse(self, rejection: Rejection) -> None:
+        """Tell the offering side why the intake refused its offer. Best effort: the offerer treats it as a hint."""
+        with contextlib.suppress(BleFault):
+            await asyncio.wait_for(
+                self.current.link.send(EXCHANGE_UUID, Refusal(str(rejection.reason), rejection.detail).encode()),
+                self.policy.claim_timeout_s,
+            )
+
     async def reply(self, result: bytes) -> None:
         """Carry the signed result back. Raises `BleFault` if it could not be delivered or was refused."""
         try:
             if not self.granted:
                 raise BleFault(BleReason.CLAIM_REFUSED, "reply without a granted claim")
-            answer = await self._ask(bytes([Kind.RESULT]) + result, Kind.RESULT_ACK, self.policy.claim_timeout_s)
+            while True:
+                try:
+                    answer = await self._ask(
+                        bytes([Kind.RESULT]) + result, Kind.RESULT_ACK, self._result_timeout(len(result))
+                    )
+                    break
+                except BleFault as fault:
+                    if fault.code != BleReason.DISCONNECTED or self.reconnects >= self.policy.reply_reconnects:
+                        raise
+                await self._resume()
             if not answer.ok:
                 raise BleFault(BleReason.RESULT_REFUSED, answer.detail)
             self.result_delivered = True
@@ -143,19 +214,36 @@ class OfferSession:
             self.replied.set()
             self.settled.set()
 
+    def _result_timeout(self, size: int) -> float:
+        # Each frame of the result is one acknowledged write; on a slow link that is one connection interval each.
+        policy = self.policy
+        return policy.claim_timeout_s + policy.transfer_timeout_s * max(1.0, size / policy.max_offer_bytes)
+
+    async def _resume(self) -> None:
+        """A new link to the same peer, and the grant renewed on it."""
+        self.reconnects += 1
+        self.central.stats.reply_reconnects += 1
+        log.info("BLE link to %s dropped mid-reply: reconnecting (%d)", self.device.address, self.reconnects)
+        old, self.current = self.current, await self.central.open_link(self.device)
+        await self.central.close_link(old)
+        answer = await self._claim_on_link()
+        if not answer.ok:
+            raise BleFault(BleReason.CLAIM_REFUSED, f"after reconnecting: {answer.detail}")
+
 
 class BleCentral:
     def __init__(
         self,
         port: NodePort,
         policy: ProximityPolicy,
-        claimant_peer_id: str,
+        claimant: ClaimSigner,
         scanner_backend: type[BaseBleakScanner] | None = None,
         client_backend: type[BaseBleakClient] | None = None,
     ) -> None:
         self.port = port
         self.policy = policy
-        self.claimant = claimant_peer_id
+        self.claimant = claimant
+        self._rng = random.Random()
         self._client_backend = client_backend
         self._scanner = BleakScanner(self._on_advertisement, [SERVICE_UUID], backend=scanner_backend)
         self.scanning = False
@@ -233,49 +321,78 @@ class BleCentral:
             self._cooldown[device.address] = now + self.policy.retry_after_s
             self.port.report(outcome)
 
-    async def _converse(self, device: BLEDevice) -> SessionOutcome:
+    async def open_link(self, device: BLEDevice) -> _Link:
+        """Connect (with retries), check the service and read this link's claim nonce."""
         policy = self.policy
-        link: GattLink | None = None
+        holder: list[GattLink] = []
 
         def on_disconnect(_: BleakClient) -> None:
-            if link is not None:
-                link.on_disconnect()
+            if holder:
+                holder[0].on_disconnect()
 
         client = BleakClient(
-            device,
-            disconnected_callback=on_disconnect,
-            timeout=policy.connect_timeout_s,
-            backend=self._client_backend,
+            device, disconnected_callback=on_disconnect, timeout=policy.connect_timeout_s, backend=self._client_backend
         )
+
+        async def connect() -> None:
+            try:
+                await client.connect()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.disconnect(), policy.idle_timeout_s)
+                raise
+
+        attempts = await connect_with_retries(connect, policy, self._rng)
+        self.stats.connect_retries += attempts - 1
+        link = GattLink(client, policy.idle_timeout_s)
+        holder.append(link)
+        current = _Link(client, link, b"", attempts=attempts)
         try:
-            await asyncio.wait_for(client.connect(), policy.connect_timeout_s)
-        except Exception as exc:
-            raise BleFault(BleReason.CONNECT_FAILED, f"{type(exc).__name__}: {exc}") from None
-        try:
-            link = GattLink(client, policy.idle_timeout_s)
             if not client.is_connected:
                 raise BleFault(BleReason.DISCONNECTED, "dropped during connect")
             if client.services.get_service(SERVICE_UUID) is None:
                 raise BleFault(BleReason.NO_SERVICE, "peer does not offer the EdgeCoder service")
-            peer = PeerInfo.decode(await link.read(IDENTITY_UUID))
-            Capabilities.decode(await link.read(CAPABILITIES_UUID))
-            offers = await link.subscribe(OFFER_UUID, policy.max_offer_bytes)
-            exchange = await link.subscribe(EXCHANGE_UUID, MAX_SMALL_MESSAGE)
-            await link.write_raw(OFFER_UUID, SEND_OFFER)
+            current.nonce = Capabilities.decode(await link.read(CAPABILITIES_UUID)).nonce
+        except BaseException:
+            await self.close_link(current)
+            raise
+        return current
+
+    async def close_link(self, current: _Link) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(current.client.disconnect(), self.policy.idle_timeout_s)
+
+    async def _converse(self, device: BLEDevice) -> SessionOutcome:
+        policy = self.policy
+        session: OfferSession | None = None
+        current = await self.open_link(device)
+        try:
+            peer = PeerInfo.decode(await current.link.read(IDENTITY_UUID))
+            offers = await current.link.subscribe(OFFER_UUID, policy.max_offer_bytes)
+            current.exchange = await current.link.subscribe(EXCHANGE_UUID, MAX_SMALL_MESSAGE)
+            await current.link.write_raw(OFFER_UUID, SEND_OFFER)
             offer = await offers.next_message(policy.idle_timeout_s, policy.transfer_timeout_s)
-            session = OfferSession(link, exchange, offer, self.claimant, policy)
+            session = OfferSession(self, device, current, offer)
             verdict = await self.port.deliver(offer, device.address, session.claim, session.reply)
             if isinstance(verdict, Admitted):
                 # An admitted offer waits in the intake's queue; a worker claims and runs it after `deliver`
                 # returns. Hold the link until the node is done with it: claim refused, or reply attempted.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(session.settled.wait(), policy.result_timeout_s)
+            elif verdict.reason != Reason.CLAIM_REFUSED:
+                await session.refuse(verdict)
             fault: Rejection | None = session.fault.to_rejection() if session.fault else None
             if fault is None and isinstance(verdict, Admitted) and not session.settled.is_set():
                 fault = BleFault(BleReason.TIMEOUT, "the node did not claim and reply in time").to_rejection()
             return SessionOutcome(
-                device.address, peer.peer_id, verdict, fault, session.granted, session.result_delivered
+                device.address,
+                peer.peer_id,
+                verdict,
+                fault,
+                session.granted,
+                session.result_delivered,
+                current.attempts,
+                session.reconnects,
             )
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.disconnect(), policy.idle_timeout_s)
+            await self.close_link(session.current if session is not None else current)

@@ -79,6 +79,10 @@ class Reassembler:
         self._next_number = 0
 
     @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
     def in_progress(self) -> bool:
         return self._expected_seq != 0
 

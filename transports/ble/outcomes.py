@@ -23,6 +23,8 @@ class SessionOutcome:
     fault: Rejection | None = None
     claimed: bool = False
     replied: bool = False
+    connect_attempts: int = 0  # of the first connection
+    reconnects: int = 0  # links re-established to finish the reply
 
 
 class OutcomeLog:

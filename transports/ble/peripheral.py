@@ -1,7 +1,11 @@
-"""The offering side: a bumble `Device` that advertises one offer, grants one claim, and takes the result back.
+"""The offering side on a bumble `Device`: advertise one offer, serve its GATT service, run `OfferServer` on it.
 
-On a real Linux laptop the same GATT service would be served by `bless` over BlueZ (an optional extra, not a
-dependency here); on this machine it runs on a simulated radio (`transports.ble.sim`).
+The protocol itself (claims, grants, lapses, results, budgets) is the I/O-free `OfferServer`; this module is its
+radio: it turns GATT writes into `OfferServer.write` calls and the actions that come back into notifications and
+disconnections, in order per link. The device may sit on a simulated `LocalLink` (`transports.ble.sim`) or on any
+HCI transport (`transports.ble.radios`): a USB dongle, a laptop's controller, or virtual controllers over TCP.
+
+Why not `bless` (BlueZ / CoreBluetooth / WinRT) for an offering laptop: see docs/ble.md, "Offering from a laptop".
 
 The peripheral verifies the result it receives (signature, signer = the claimant it granted, and the offer it answers)
 through an injected `ResultVerifier`, by default the mesh codec's (`transports.ble.results`), and exposes the verified
@@ -14,41 +18,35 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bumble import core, gatt
 from bumble.device import Connection, Device
 
-from transports.ble.framing import Reassembler, encode_frames, notify_frame_size
-from transports.ble.protocol import (
-    CAPABILITIES_UUID,
-    DEFAULT_MAX_RESULT_BYTES,
-    EXCHANGE_UUID,
-    IDENTITY_UUID,
-    OFFER_UUID,
-    SEND_OFFER,
-    SERVICE_UUID,
-    Answer,
-    Capabilities,
-    Claim,
-    Kind,
-    PeerInfo,
-    offer_digest,
+from transports.ble.offer_server import (
+    Action,
+    Disconnect,
+    Notify,
+    OfferServer,
+    PeripheralState,
+    ResultVerifier,
+    ServerLimits,
 )
-from transports.ble.reasons import BleFault
+from transports.ble.protocol import CAPABILITIES_UUID, EXCHANGE_UUID, IDENTITY_UUID, OFFER_UUID, SERVICE_UUID, PeerInfo
+from transports.ble.timing import LinkPacer, LinkProfile
 
 log = logging.getLogger(__name__)
 
-# (raw result, claimant PeerID, offer bytes) -> the verified result; raises on anything wrong.
-ResultVerifier = Callable[[bytes, str, bytes], Any]
-
 ADVERTISED_NAME = "EdgeCoder"
+TICK_S = 0.5  # how often grants are checked for lapse and idle links for dropping
+
+__all__ = ["BumbleOfferPeripheral", "PeripheralFaults", "PeripheralState", "ResultVerifier", "ServerLimits"]
 
 
 @dataclass(slots=True)
 class PeripheralFaults:
-    """Misbehaviour on demand, for tests: what a broken or hostile offering peer does."""
+    """Misbehaviour on demand, for tests: what a broken or hostile offering peer (or a bad radio) does."""
 
     # Rewrites the offer's frames before they are sent: drop, duplicate, reorder or corrupt chunks.
     tamper_offer: Callable[[list[bytes]], list[bytes]] | None = None
@@ -56,33 +54,8 @@ class PeripheralFaults:
     stall_offer_after: int | None = None
     # Drop the link as soon as a claim arrives, without answering.
     disconnect_on_claim: bool = False
-
-
-@dataclass(slots=True)
-class _ConnectionState:
-    exchange: Reassembler
-    claimant: str | None = None  # set once this connection's claim was granted
-    # Messages notified so far on this link, per characteristic: numbers the next one (see `framing`).
-    offers_sent: int = 0
-    answers_sent: int = 0
-
-
-@dataclass(slots=True)
-class ClaimRecord:
-    claimant: str
-    granted: bool
-    detail: str = ""
-
-
-@dataclass(slots=True)
-class PeripheralState:
-    """A copy of what the peripheral has seen, safe to hand to another thread."""
-
-    address: str
-    granted_to: str | None
-    claims: list[ClaimRecord] = field(default_factory=list)
-    results_refused: list[str] = field(default_factory=list)
-    has_result: bool = False
+    # Drop the link when the first frame of a result arrives, this many times (a radio losing the link mid-reply).
+    drop_link_on_result: int = 0
 
 
 class BumbleOfferPeripheral:
@@ -93,59 +66,69 @@ class BumbleOfferPeripheral:
         peer: PeerInfo,
         offer: bytes,
         verify_result: ResultVerifier,
-        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        limits: ServerLimits | None = None,
         faults: PeripheralFaults | None = None,
+        link_model: LinkProfile | None = None,
     ) -> None:
         self.device = device
         self.peer = peer
-        self.offer = offer
-        self.verify_result = verify_result
-        self.max_result_bytes = max_result_bytes
+        self.server = OfferServer(offer, verify_result, limits=limits)
         self.faults = faults or PeripheralFaults()
-        self.granted_to: str | None = None
-        self.claims: list[ClaimRecord] = []
-        self.results_refused: list[str] = []
-        self.result: Any = None
-        self.result_raw: bytes | None = None
-        self._result_ready = asyncio.Event()
-        self._connections: dict[int, _ConnectionState] = {}
+        self.link_model = link_model
+        self._changed = asyncio.Event()
+        self._connections: dict[int, Connection] = {}
+        self._send_locks: dict[int, asyncio.Lock] = {}
+        self._pacers: dict[int, LinkPacer] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._offer_char = self._characteristic(OFFER_UUID, self._on_offer_write)
-        self._exchange_char = self._characteristic(EXCHANGE_UUID, self._on_exchange_write)
-        device.add_service(
-            gatt.Service(
-                SERVICE_UUID,
-                [
-                    self._readable(IDENTITY_UUID, peer.encode()),
-                    self._readable(CAPABILITIES_UUID, Capabilities(max_message=max_result_bytes).encode()),
-                    self._offer_char,
-                    self._exchange_char,
-                ],
-            )
+        self._ticker: asyncio.Task[None] | None = None
+        self._offer_char = self._writable(OFFER_UUID)
+        self._exchange_char = self._writable(EXCHANGE_UUID)
+        # Read per link: each link gets its own claim nonce.
+        capabilities_value: gatt.CharacteristicValue[bytes] = gatt.CharacteristicValue(
+            read=lambda connection: self.server.capabilities(connection.handle)
         )
+        capabilities: gatt.Characteristic[bytes] = gatt.Characteristic(
+            CAPABILITIES_UUID, gatt.Characteristic.Properties.READ, gatt.Characteristic.READABLE, capabilities_value
+        )
+        identity = gatt.Characteristic(
+            IDENTITY_UUID, gatt.Characteristic.Properties.READ, gatt.Characteristic.READABLE, peer.encode()
+        )
+        device.add_service(gatt.Service(SERVICE_UUID, [identity, capabilities, self._offer_char, self._exchange_char]))
         device.on(device.EVENT_CONNECTION, self._on_connection)
 
-    @staticmethod
-    def _readable(uuid: str, value: bytes) -> gatt.Characteristic[bytes]:
-        return gatt.Characteristic(uuid, gatt.Characteristic.Properties.READ, gatt.Characteristic.READABLE, value)
-
-    @staticmethod
-    def _characteristic(uuid: str, on_write: Callable[[Connection, bytes], None]) -> gatt.Characteristic[bytes]:
+    def _writable(self, uuid: str) -> gatt.Characteristic[bytes]:
         return gatt.Characteristic(
             uuid,
             gatt.Characteristic.Properties.WRITE | gatt.Characteristic.Properties.NOTIFY,
             gatt.Characteristic.WRITEABLE,
-            gatt.CharacteristicValue(write=on_write),
+            gatt.CharacteristicValue(write=lambda connection, value: self._on_write(connection, uuid, value)),
         )
+
+    # -- what the owner sees ------------------------------------------------------------------------------------
 
     @property
     def address(self) -> str:
         return self.device.random_address.to_string(with_type_qualifier=False)
 
+    @property
+    def result(self) -> Any:
+        return self.server.result
+
     def state(self) -> PeripheralState:
-        return PeripheralState(
-            self.address, self.granted_to, list(self.claims), list(self.results_refused), self.result is not None
-        )
+        return self.server.state(self.address)
+
+    async def wait_result(self) -> Any:
+        """The verified result, once a granted claimant has delivered one."""
+        while self.server.result is None:
+            await self.wait_change()
+        return self.server.result
+
+    async def wait_change(self) -> None:
+        """Until the next claim, refusal or result."""
+        self._changed.clear()
+        await self._changed.wait()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         advertising = bytes(
@@ -170,124 +153,106 @@ class BumbleOfferPeripheral:
             advertising_interval_min=20,
             advertising_interval_max=20,
         )
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
-    async def stop(self) -> None:
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._perform(self.server.tick())
+
+    async def stop(self, drain_s: float = 2.0) -> None:
+        """Stop advertising, let what is being sent finish (bounded: the RESULT_ACK of a result just verified must
+        reach its node), drop every link: nothing of this peripheral is left running."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+        with contextlib.suppress(Exception):
+            await self.device.stop_advertising()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=drain_s)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self.device.stop_advertising()
-        for connection in list(self.device.connections.values()):
+        for connection in list(self._connections.values()):
             with contextlib.suppress(Exception):
-                await connection.disconnect()
+                await asyncio.wait_for(connection.disconnect(), 5)
 
-    async def wait_result(self) -> Any:
-        """The verified result, once a granted claimant has delivered one."""
-        await self._result_ready.wait()
-        return self.result
-
-    # -- connection bookkeeping -----------------------------------------------------------------------------
+    # -- the radio side of OfferServer --------------------------------------------------------------------------
 
     def _on_connection(self, connection: Connection) -> None:
-        # Room for a result plus its kind byte; a claim is far smaller.
-        self._connections[connection.handle] = _ConnectionState(Reassembler(self.max_result_bytes + 1))
-        connection.on(connection.EVENT_DISCONNECTION, lambda *_: self._connections.pop(connection.handle, None))
+        handle = connection.handle
+        self._connections[handle] = connection
+        self._send_locks[handle] = asyncio.Lock()
+        if self.link_model is not None:
+            self._pacers[handle] = LinkPacer(self.link_model)
+
+        def gone(*_: Any) -> None:
+            self.server.disconnect(handle)
+            self._connections.pop(handle, None)
+            self._send_locks.pop(handle, None)
+            self._pacers.pop(handle, None)
+
+        connection.on(connection.EVENT_DISCONNECTION, gone)
+        self._perform(self.server.connect(handle))
+
+    def _on_write(self, connection: Connection, uuid: str, value: bytes) -> None:
+        handle = connection.handle
+        faults = self.faults
+        # The first frame (seq 0) of the message after the grant is the result.
+        granted = uuid == EXCHANGE_UUID and self.server.is_granted_link(handle)
+        if granted and faults.drop_link_on_result > 0 and value[:2] == b"\x00\x00":
+            faults.drop_link_on_result -= 1
+            self._perform([Disconnect(handle, "fault: drop the link mid-reply")])
+            return
+        claims_before = len(self.server.claims)
+        actions = self.server.write(handle, uuid, bytes(value), self._mtu(connection))
+        if faults.disconnect_on_claim and len(self.server.claims) != claims_before:
+            actions = [Disconnect(handle, "fault: drop the link on a claim")]
+        self._perform(actions)
+        self._changed.set()
+
+    def _mtu(self, connection: Connection) -> int:
+        # With a link model, frames are cut to the model's MTU too, so that the pacing plays the model's link.
+        mtu: int = connection.att_mtu
+        return min(mtu, self.link_model.att_mtu) if self.link_model is not None else mtu
+
+    def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Disconnect):
+                log.info("dropping link %s: %s", action.link, action.why)
+                self._spawn(self._disconnect(action.link))
+            elif isinstance(action, Notify):
+                frames = list(action.frames)
+                if action.characteristic == OFFER_UUID:
+                    if self.faults.tamper_offer is not None:
+                        frames = self.faults.tamper_offer(frames)
+                    if self.faults.stall_offer_after is not None:
+                        frames = frames[: self.faults.stall_offer_after]
+                # Not from inside the write handler: the write response must reach the central first.
+                self._spawn(self._notify(action.link, action.characteristic, frames))
+
+    async def _notify(self, handle: int, uuid: str, frames: list[bytes]) -> None:
+        lock = self._send_locks.get(handle)
+        if lock is None:
+            return
+        characteristic = self._offer_char if uuid == OFFER_UUID else self._exchange_char
+        async with lock:  # one message at a time on a link, in the order the server produced them
+            for frame in frames:
+                connection = self._connections.get(handle)
+                if connection is None:
+                    return
+                pacer = self._pacers.get(handle)
+                if pacer is not None:
+                    await pacer.notification()
+                await self.device.notify_subscriber(connection, characteristic, frame)
+
+    async def _disconnect(self, handle: int) -> None:
+        connection = self._connections.get(handle)
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.disconnect(), 5)
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    # -- the offer --------------------------------------------------------------------------------------------
-
-    def _on_offer_write(self, connection: Connection, value: bytes) -> None:
-        if value == SEND_OFFER:
-            # Not from inside the write handler: the write response must reach the central first.
-            self._spawn(self._send_offer(connection))
-
-    async def _send_offer(self, connection: Connection) -> None:
-        state = self._connections.get(connection.handle)
-        if state is None:
-            return
-        state.offers_sent += 1
-        frames = encode_frames(self.offer, notify_frame_size(connection.att_mtu), state.offers_sent - 1)
-        if self.faults.tamper_offer is not None:
-            frames = self.faults.tamper_offer(frames)
-        if self.faults.stall_offer_after is not None:
-            frames = frames[: self.faults.stall_offer_after]
-        for frame in frames:
-            if connection.handle not in self._connections:
-                return
-            await self.device.notify_subscriber(connection, self._offer_char, frame)
-
-    # -- claims and results -----------------------------------------------------------------------------------
-
-    def _on_exchange_write(self, connection: Connection, value: bytes) -> None:
-        state = self._connections.get(connection.handle)
-        if state is None:
-            return
-        try:
-            message = state.exchange.feed(value)
-        except BleFault as fault:
-            kind = Kind.GRANT if state.claimant is None else Kind.RESULT_ACK
-            self._answer(connection, state, Answer(kind, False, f"ble/{fault.code}"))
-            return
-        if message is None:
-            return
-        if message[:1] == bytes([Kind.CLAIM]):
-            self._on_claim(connection, state, message[1:])
-        elif message[:1] == bytes([Kind.RESULT]):
-            self._on_result(connection, state, message[1:])
-        else:
-            self._answer(connection, state, Answer(Kind.RESULT_ACK, False, "unknown message kind"))
-
-    def _answer(self, connection: Connection, state: _ConnectionState, answer: Answer) -> None:
-        number = state.answers_sent
-        state.answers_sent += 1
-
-        async def send() -> None:
-            for frame in encode_frames(answer.encode(), notify_frame_size(connection.att_mtu), number):
-                await self.device.notify_subscriber(connection, self._exchange_char, frame)
-
-        self._spawn(send())
-
-    def _on_claim(self, connection: Connection, state: _ConnectionState, body: bytes) -> None:
-        if self.faults.disconnect_on_claim:
-            self._spawn(connection.disconnect())
-            return
-        try:
-            claim = Claim.decode_body(body)
-        except BleFault as fault:
-            self._answer(connection, state, Answer(Kind.GRANT, False, f"ble/{fault.code}"))
-            return
-        if claim.offer_digest != offer_digest(self.offer):
-            granted, detail = False, "unknown offer"
-        elif self.granted_to in (None, claim.claimant):
-            # Exactly one claimant per offer; the same claimant asking again (a reconnect) is granted again.
-            self.granted_to = claim.claimant
-            granted, detail = True, ""
-        else:
-            granted, detail = False, "already claimed"
-        if granted:
-            state.claimant = claim.claimant
-        self.claims.append(ClaimRecord(claim.claimant, granted, detail))
-        self._answer(connection, state, Answer(Kind.GRANT, granted, detail))
-
-    def _on_result(self, connection: Connection, state: _ConnectionState, raw: bytes) -> None:
-        if state.claimant is None:
-            self._refuse_result(connection, state, "no granted claim on this link")
-            return
-        try:
-            verified = self.verify_result(raw, state.claimant, self.offer)
-        except Exception as exc:  # the verifier's own typed rejection, or any decoding failure: all refusals
-            self._refuse_result(connection, state, f"{type(exc).__name__}: {exc}")
-            return
-        if self.result is None:
-            self.result, self.result_raw = verified, raw
-            self._result_ready.set()
-        self._answer(connection, state, Answer(Kind.RESULT_ACK, True))
-
-    def _refuse_result(self, connection: Connection, state: _ConnectionState, detail: str) -> None:
-        self.results_refused.append(detail)
-        self._answer(connection, state, Answer(Kind.RESULT_ACK, False, detail))

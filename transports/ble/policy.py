@@ -20,6 +20,15 @@ class ProximityPolicy:
     # A peer is not contacted again this soon after a session with it, whatever the outcome.
     retry_after_s: float = 30.0
     connect_timeout_s: float = 10.0
+    # Connection set-up is where BLE fails most in the field (bleak users report 30-40% failed connects): each
+    # session tries up to `connect_attempts` times, sleeping a random time in [0, min(cap, base * 2^n)] between tries
+    # ("full jitter", so that several nodes that lost the same peer do not retry in step).
+    connect_attempts: int = 3
+    connect_backoff_s: float = 0.25
+    connect_backoff_cap_s: float = 2.0
+    # A reply whose link drops reconnects to the same peer (with the retries above), claims again (the offering
+    # side re-grants its grant holder) and sends the result again, at most this many times.
+    reply_reconnects: int = 2
     # No chunk, read or answer for this long: the peer has stalled.
     idle_timeout_s: float = 5.0
     # Whole-offer download deadline, however steadily chunks trickle in.

@@ -18,7 +18,7 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from bumble.controller import Controller
 from bumble.device import Device
@@ -28,28 +28,23 @@ from bumble.transport.common import AsyncPipeSink
 
 from transports.ble.bridge import AsyncioThread
 from transports.ble.bumble_backend import BumbleCentral, bind_central
-from transports.ble.peripheral import BumbleOfferPeripheral, PeripheralFaults, PeripheralState, ResultVerifier
-from transports.ble.protocol import DEFAULT_MAX_RESULT_BYTES, PeerInfo
+from transports.ble.offer_server import ResultVerifier, ServerLimits
+from transports.ble.peripheral import BumbleOfferPeripheral, PeripheralFaults
+from transports.ble.protocol import PeerInfo
+from transports.ble.radios import HasPeerIdentity, OfferingPeerHandle, default_verifier
+from transports.ble.timing import LinkProfile
 from transports.ble.transport import BleBackend
 
 DEFAULT_RSSI = -50
 
 
-class HasPeerIdentity(Protocol):
-    """What the peripheral needs of an identity (a `mesh.identity.NodeIdentity` fits)."""
-
-    @property
-    def peer_id(self) -> str: ...
-
-    @property
-    def public_key(self) -> bytes: ...
-
-
 class SimulatedRadio:
     """One virtual link and everything on it. Use from the asyncio loop it was made on."""
 
-    def __init__(self) -> None:
+    def __init__(self, link_model: LinkProfile | None = None) -> None:
         self.link = LocalLink()
+        # Paces every peripheral's notifications and every central's requests as this radio would (`timing`).
+        self.link_model = link_model
         self._rssi: dict[str, int] = {}
         self._devices: list[Device] = []
         self._peripherals: list[BumbleOfferPeripheral] = []
@@ -70,7 +65,7 @@ class SimulatedRadio:
         return self._rssi.get(address, reported)
 
     async def new_central(self) -> BumbleCentral:
-        return BumbleCentral(await self.new_device("central"), self.rssi_of)
+        return BumbleCentral(await self.new_device("central"), self.rssi_of, link_model=self.link_model)
 
     async def add_offering_peer(
         self,
@@ -80,21 +75,18 @@ class SimulatedRadio:
         rssi: int = DEFAULT_RSSI,
         verify_result: ResultVerifier | None = None,
         faults: PeripheralFaults | None = None,
-        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        limits: ServerLimits | None = None,
     ) -> BumbleOfferPeripheral:
         """A nearby laptop advertising `offer` (signed wire bytes). By default results are checked with the
         mesh codec against the claimant's PeerID."""
-        if verify_result is None:
-            from transports.ble.results import verify_with_mesh_codec
-
-            verify_result = verify_with_mesh_codec
         peripheral = BumbleOfferPeripheral(
             await self.new_device(),
             peer=PeerInfo(identity.peer_id, identity.public_key),
             offer=offer,
-            verify_result=verify_result,
-            max_result_bytes=max_result_bytes,
+            verify_result=verify_result or default_verifier(),
+            limits=limits,
             faults=faults,
+            link_model=self.link_model,
         )
         self.set_rssi(peripheral.address, rssi)
         await peripheral.start()
@@ -115,28 +107,6 @@ class SimulatedRadio:
         for device in self._devices:
             with contextlib.suppress(Exception):
                 await device.power_off()
-
-
-@dataclass(frozen=True, slots=True)
-class OfferingPeerHandle:
-    """A simulated offering peer, seen from Trio."""
-
-    thread: AsyncioThread
-    peripheral: BumbleOfferPeripheral
-
-    @property
-    def address(self) -> str:
-        return self.peripheral.address  # fixed at creation: safe to read from any thread
-
-    async def wait_result(self) -> Any:
-        """The verified result (a `mesh.offers.TaskResult` with the default verifier)."""
-        return await self.thread.run(self.peripheral.wait_result)
-
-    async def state(self) -> PeripheralState:
-        async def snapshot() -> PeripheralState:
-            return self.peripheral.state()
-
-        return await self.thread.run(snapshot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +132,12 @@ class SimulatedRadioHandle:
 
 
 @contextlib.asynccontextmanager
-async def open_simulated_radio() -> AsyncIterator[SimulatedRadioHandle]:
+async def open_simulated_radio(link_model: LinkProfile | None = None) -> AsyncIterator[SimulatedRadioHandle]:
     """From Trio: a simulated radio for the duration of the block. Close transports using it first."""
     async with AsyncioThread.open("ble-sim") as thread:
 
         async def make() -> SimulatedRadio:
-            radio = SimulatedRadio()
+            radio = SimulatedRadio(link_model)
             thread.add_closer(radio.close)
             return radio
 

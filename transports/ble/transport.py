@@ -15,18 +15,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
+import structlog
 import trio
 from bleak.backends.client import BaseBleakClient
 from bleak.backends.scanner import BaseBleakScanner
 
-from transports.base import ClaimFn, Delivery, OfferSink, ReplyFn, Verdict
+from transports.base import Admitted, ClaimFn, Delivery, OfferSink, ReplyFn, Verdict
 from transports.ble.bridge import AsyncioThread, TrioPortal
 from transports.ble.central import BleCentral, CentralStats
 from transports.ble.outcomes import OutcomeLog, SessionOutcome
 from transports.ble.policy import ProximityPolicy
+from transports.ble.protocol import ClaimSigner
 
 TRANSPORT_NAME = "ble"
+log = structlog.get_logger("edgecoder.ble")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,12 @@ class BleBackend:
     scanner: type[BaseBleakScanner] | None = None
     client: type[BaseBleakClient] | None = None
     thread: AsyncioThread | None = None
+
+
+class BleRadio(Protocol):
+    """Where the node's central runs: BlueZ, a bumble host stack over HCI, or a simulated radio (see `radios`)."""
+
+    async def central_backend(self) -> BleBackend: ...
 
 
 class _Port:
@@ -60,7 +70,7 @@ class _Port:
         return await self._portal.call(self._transport._deliver, raw, sender, claim, reply)
 
     def report(self, outcome: SessionOutcome) -> None:
-        self._portal.post(self._transport.outcomes.append, outcome)
+        self._portal.post(self._transport.record, outcome)
 
 
 class BleTransport:
@@ -80,11 +90,11 @@ class BleTransport:
         sink: OfferSink,
         policy: ProximityPolicy | None = None,
         *,
-        claimant_peer_id: str,
+        claimant: ClaimSigner,
         backend: BleBackend | None = None,
     ) -> AsyncIterator[BleTransport]:
-        """Run the transport for the duration of the block. `claimant_peer_id` is this node's PeerID: offerers
-        expect the result to be signed by the key it names."""
+        """Run the transport for the duration of the block. `claimant` is this node's identity: it signs each claim
+        (over the link's nonce), and offerers then expect the result to be signed by the same key."""
         backend = backend or BleBackend()
         async with contextlib.AsyncExitStack() as stack:
             thread = backend.thread
@@ -96,7 +106,7 @@ class BleTransport:
 
                 async def make_central() -> BleCentral:
                     # Built on the asyncio loop: bleak objects belong to the loop that uses them.
-                    return BleCentral(port, self.policy, claimant_peer_id, backend.scanner, backend.client)
+                    return BleCentral(port, self.policy, claimant, backend.scanner, backend.client)
 
                 central = self._central = await thread.run(make_central)
                 nursery.start_soon(thread.run, central.run)
@@ -105,6 +115,22 @@ class BleTransport:
                     yield self
                 finally:
                     nursery.cancel_scope.cancel()
+
+    def record(self, outcome: SessionOutcome) -> None:
+        """Keep a session's outcome (tests wait on `outcomes`) and log it: every fault a peer caused is typed."""
+        self.outcomes.append(outcome)
+        verdict = outcome.verdict
+        log.info(
+            "ble session",
+            address=outcome.address,
+            advertised_peer_id=outcome.advertised_peer_id,
+            verdict="admitted" if isinstance(verdict, Admitted) else getattr(verdict, "reason", None),
+            fault=outcome.fault.detail if outcome.fault is not None else None,
+            claimed=outcome.claimed,
+            replied=outcome.replied,
+            connect_attempts=outcome.connect_attempts,
+            reconnects=outcome.reconnects,
+        )
 
     @property
     def scanning(self) -> bool:

@@ -20,10 +20,13 @@ from typing import Any
 import msgpack
 
 from mesh.identity import SIGNATURE_SIZE, NodeIdentity, verify
+from mesh.msgshape import check_shape
 from mesh.reasons import Reason, Rejected
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
 MAX_DEPTH = 16  # nesting of user data (`input`); deeper is refused before any recursion can hurt us
+# Nesting of any decoded message: user data plus the few levels of the message around it.
+MAX_WIRE_DEPTH = MAX_DEPTH + 4
 
 
 class Domain:
@@ -54,8 +57,14 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(canonical(value), use_bin_type=True)
 
 
-def unpack_strict(data: bytes, *, max_size: int) -> Any:
-    """Decode with msgpack's own limits, so that a hostile length prefix cannot make us allocate."""
+def unpack_strict(data: bytes, *, max_size: int, max_depth: int = MAX_WIRE_DEPTH) -> Any:
+    """Decode what a peer sent. Its shape is walked first (`mesh.msgshape`: depth, declared sizes against the bytes
+    there are), so that decoding never allocates more than the input's own size; msgpack's limits then say the same
+    to the C decoder."""
+    if len(data) > max_size:
+        raise Rejected(Reason.TOO_LARGE, f"{len(data)} bytes > cap {max_size}")
+    check_shape(data, max_depth=max_depth)
+    size = len(data)
     try:
         return msgpack.unpackb(
             data,
@@ -63,10 +72,10 @@ def unpack_strict(data: bytes, *, max_size: int) -> Any:
             strict_map_key=True,
             use_list=True,
             object_pairs_hook=_sorted_map,
-            max_str_len=max_size,
-            max_bin_len=max_size,
-            max_array_len=max_size // 2 + 1,
-            max_map_len=max_size // 2 + 1,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=size,
+            max_map_len=size,
             max_ext_len=0,  # no extension types at all
         )
     except Exception as exc:  # msgpack raises many kinds (ValueError, ExtraData, StackError, UnicodeDecodeError)

@@ -188,7 +188,6 @@ class Intake:
             return self._refuse(delivery.transport, rejected.rejection)
         self.admitted[delivery.transport] += 1
         self.metrics.offer_admitted(delivery.transport)
-        await trio.lowlevel.checkpoint()
         return Admitted(received.offer.offer_id)
 
     def validate(self, raw: bytes) -> Rejection | None:

@@ -1,8 +1,11 @@
-"""Shared test machinery: async tests under Trio, and the `docker` marker's skip-or-fail rule.
+"""Shared test machinery: async tests under Trio, and the `docker` and `interop` markers' skip-or-fail rule.
 
 - An `async def test_...` runs under `trio.run` (a tiny stand-in for pytest-trio, which the project does not use).
 - A test marked `@pytest.mark.docker` needs a reachable daemon and the sandbox image with user 65534. Without
   them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_DOCKER=1 (CI), where it FAILS instead.
+- A test marked `@pytest.mark.interop` needs Node.js 20+ and the js-libp2p peer's packages (`npm ci` in
+  tests/interop/js). Without them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_INTEROP=1 (CI), where it
+  FAILS instead.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import trio
 from executor.container_config import NODE_LABEL
 from executor.policy import DEFAULT_IMAGE
 from simulations.docker_relay import sweep_containers
+from tests.interop.jspeer import interop_problem
 
 _docker_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
 
@@ -53,13 +57,17 @@ def _check_docker() -> str | None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("docker") is None:
-        return
-    problem = docker_problem()
+    if item.get_closest_marker("docker") is not None:
+        _skip_or_fail(docker_problem(), "EDGECODER_REQUIRE_DOCKER")
+    if item.get_closest_marker("interop") is not None:
+        _skip_or_fail(interop_problem(), "EDGECODER_REQUIRE_INTEROP")
+
+
+def _skip_or_fail(problem: str | None, required_by: str) -> None:
     if problem is None:
         return
-    if os.environ.get("EDGECODER_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"EDGECODER_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 but {problem}", pytrace=False)
     pytest.skip(problem)
 
 

@@ -4,6 +4,7 @@
 #  - the venv and the package (reinstalled only when pyproject.toml changes)
 #  - dockerd, started when no daemon answers (root only; on a laptop, Docker is already running)
 #  - the sandbox image, built from Debian packages when it is missing (no registry is needed)
+#  - the js-libp2p peer of the interop tests, `npm ci` from its lock file (again when the lock changes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,19 @@ if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -e '.[dev]'
   touch .venv/.installed
+fi
+
+# The interop tests' js-libp2p peer: exact versions from tests/interop/js/package-lock.json. npm ci writes
+# node_modules/.package-lock.json, so a lock newer than that file means the installed tree is out of date.
+JS_PEER=tests/interop/js
+if command -v npm >/dev/null; then
+  if [ ! -f "$JS_PEER/node_modules/.package-lock.json" ] \
+    || [ "$JS_PEER/package-lock.json" -nt "$JS_PEER/node_modules/.package-lock.json" ]; then
+    say "installing the js-libp2p interop peer (npm ci in $JS_PEER)"
+    (cd "$JS_PEER" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+else
+  say "no npm: interop tests will skip (or fail under EDGECODER_REQUIRE_INTEROP=1)"
 fi
 
 docker_answers() { timeout 5 docker info >/dev/null 2>&1; }

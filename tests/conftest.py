@@ -1,10 +1,13 @@
-"""Shared test machinery: async tests under Trio, and the `docker` and `netns` markers' skip-or-fail rules.
+"""Shared test machinery: async tests under Trio, and the `docker`, `netns` and `interop` markers' skip-or-fail rule.
 
 - An `async def test_...` runs under `trio.run` (a tiny stand-in for pytest-trio, which the project does not use).
 - A test marked `@pytest.mark.docker` needs a reachable daemon and the sandbox image with user 65534. Without
   them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_DOCKER=1 (CI), where it FAILS instead.
 - A test marked `@pytest.mark.netns` needs root, iproute2 and iptables to build network namespaces (tests/netns/).
   Without them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_NETNS=1 (CI), where it FAILS instead.
+- A test marked `@pytest.mark.interop` needs Node.js 20+ and the js-libp2p peer's packages (`npm ci` in
+  tests/interop/js). Without them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_INTEROP=1 (CI), where it
+  FAILS instead.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tests.netns.topology import netns_problem as _probe_netns
 # Nodes started by tests (in process or as CLI processes, which inherit it) keep their lock and replay journal
 # in a directory of the test run, never in the developer's ~/.local/state.
 os.environ.setdefault("EDGECODER_STATE_DIR", tempfile.mkdtemp(prefix="edgecoder-test-state-"))
+from tests.interop.jspeer import interop_problem
 
 _docker_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
 
@@ -75,17 +79,19 @@ def netns_problem() -> str | None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("netns") is not None and (problem := netns_problem()) is not None:
-        if os.environ.get("EDGECODER_REQUIRE_NETNS") == "1":
-            pytest.fail(f"EDGECODER_REQUIRE_NETNS=1 but {problem}", pytrace=False)
-        pytest.skip(problem)
-    if item.get_closest_marker("docker") is None:
-        return
-    problem = docker_problem()
+    if item.get_closest_marker("netns") is not None:
+        _skip_or_fail(netns_problem(), "EDGECODER_REQUIRE_NETNS")
+    if item.get_closest_marker("docker") is not None:
+        _skip_or_fail(docker_problem(), "EDGECODER_REQUIRE_DOCKER")
+    if item.get_closest_marker("interop") is not None:
+        _skip_or_fail(interop_problem(), "EDGECODER_REQUIRE_INTEROP")
+
+
+def _skip_or_fail(problem: str | None, required_by: str) -> None:
     if problem is None:
         return
-    if os.environ.get("EDGECODER_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"EDGECODER_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 but {problem}", pytrace=False)
     pytest.skip(problem)
 
 

@@ -5,13 +5,28 @@ libp2p forwards anything, so an invalid offer stops at the first honest hop. On 
 publishes `pack(heartbeat())` once per `heartbeat_interval`; libp2p's strict signing authenticates the sender, and a
 heartbeat whose `peerId` is not that sender is refused by the validator (and so not forwarded either).
 
+One message id per topic (`message_id`, written byte for byte in docs/protocol.md), used everywhere an id is:
+
+- offers: sha256 of the message data (the signed offer's wire bytes), so one offer re-published or heard through two
+  paths is one message and reaches each sink once;
+- heartbeats (and any other topic): the libp2p spec's default, `from || seqno` (the sender's PeerID bytes, then the
+  8-byte big-endian seqno). Two heartbeats with identical content are still two heartbeats, and any implementation
+  can compute it from the message alone.
+
+py-libp2p hands `msg_id_constructor` to its seen cache, validation cache and IDONTWANT, but its message cache keys
+entries by `from + seqno` whatever the constructor says (`pubsub/mcache.py`), and IHAVE and IWANT are built from that
+cache. Our IHAVE then named offers by an id no peer had seen them under: peers IWANTed offers they already had, and
+js-libp2p counted a broken promise against us each time. `GossipRouter` gives the cache the pubsub's own id.
+
 libp2p defaults overridden here, and why:
 
 - `heartbeat_interval=1` (default 120 s): the mesh is built and repaired in the heartbeat; at 120 s a new peer waits
   two minutes for its first offer. go-libp2p uses 1 s.
-- message ids: offers are content-addressed (sha256 of the offer bytes), so one offer re-published or heard through
-  two paths is one message and reaches each sink once. Heartbeats keep libp2p's `from + seqno` ids: two heartbeats
-  with identical content are still two heartbeats.
+- `adaptive_gossip_enabled=False` (default on): after 30 s a small mesh scores as unhealthy and the adaptation
+  stretches the heartbeat to 30 s, or 60 s for a "moderate" one, and keeps it there: the mesh repairs itself twice a
+  minute and new peers are replayed offers from the message cache minutes old. No other implementation does this.
+- protocols: `/meshsub/1.2.0`, `1.1.0` and `1.0.0` only (`MESHSUB_PROTOCOLS`). The specs stop at 1.2 (1.3 is a draft);
+  py-libp2p defines 1.3, 1.4 and 2.0 ids with features of its own, and a router given them offers them to every peer.
 - `seen_ttl` 11 minutes (default 120 s): an offer lives at most 10 minutes plus 30 s of clock skew, and gossip should
   not hand the same offer to the intake twice while it is still valid (the intake's replay check stays the backstop).
 - `max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC` (default 10): the limit applies per *forwarding* peer
@@ -35,8 +50,10 @@ from typing import Any
 
 import trio
 from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.mcache import CacheEntry, MessageCache
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
@@ -61,16 +78,63 @@ SEEN_TTL_SECONDS = 11 * 60
 MAX_HEARTBEAT_BYTES = 8 * 1024
 # Received offers wait here for the intake; past this many the newest are dropped and counted, never silently.
 DELIVERY_QUEUE = 256
+# The GossipSub versions we offer, best first. Nothing past 1.2: see the module docstring.
+MESHSUB_PROTOCOLS: tuple[TProtocol, ...] = (PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID)
 
 HeartbeatFn = Callable[[], dict[str, Any]]
 OnHeartbeatFn = Callable[[str, dict[str, Any]], None]
 ValidateFn = Callable[[bytes], Rejection | None]
 
 
+MessageIdFn = Callable[[rpc_pb2.Message], bytes]
+
+
 def message_id(msg: rpc_pb2.Message) -> bytes:
-    if HEARTBEAT_TOPIC in msg.topicIDs:
-        return bytes(msg.from_id) + bytes(msg.seqno)
-    return hashlib.sha256(msg.data).digest()
+    """The id of a pubsub message: sha256(data) on the offers topic, `from || seqno` on any other."""
+    if OFFERS_TOPIC in msg.topicIDs:
+        return hashlib.sha256(msg.data).digest()
+    return bytes(msg.from_id) + bytes(msg.seqno)
+
+
+class MessageIdCache(MessageCache):
+    """py-libp2p's message cache (the window IHAVE advertises and IWANT is served from), keyed by `message_id`.
+
+    Upstream `put` keys entries by `from + seqno` whatever id the pubsub uses; this `put` is upstream's with the key
+    swapped. `get`, `window` and `shift` are upstream's and read the same `msgs` and `history`, so a change to that
+    layout upstream is caught by tests/test_gossip_ids.py.
+    """
+
+    def __init__(self, window_size: int, history_size: int, message_id: MessageIdFn) -> None:
+        super().__init__(window_size, history_size)
+        self.message_id = message_id
+
+    def put(self, msg: rpc_pb2.Message) -> None:
+        mid = self.message_id(msg)
+        if mid in self.msgs:
+            return
+        self.msgs[mid] = msg
+        self.history[0].append(CacheEntry(mid, msg.topicIDs))
+
+
+class GossipRouter(GossipSub):
+    """py-libp2p's GossipSub as we run it: meshsub 1.2/1.1/1.0, no adaptive gossip, and a message cache that uses
+    the pubsub's own message id (bound when the pubsub attaches itself, before any message can arrive)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            protocols=list(MESHSUB_PROTOCOLS),
+            degree=6,
+            degree_low=4,
+            degree_high=12,
+            heartbeat_interval=1,
+            unsubscribe_back_off=1,
+            max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC,
+            adaptive_gossip_enabled=False,
+        )
+
+    def attach(self, pubsub: Pubsub) -> None:
+        super().attach(pubsub)
+        self.mcache = MessageIdCache(self.mcache.window_size, self.mcache.history_size, pubsub.get_message_id)
 
 
 def _sender(msg: rpc_pb2.Message) -> str:
@@ -98,15 +162,7 @@ class GossipTransport:
         self.heartbeat_interval = heartbeat_interval
         # Counters: offers rejected by reason, heartbeats refused, queue drops, deliveries.
         self.stats: Counter[str] = Counter()
-        self.router = GossipSub(
-            protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
-            degree=6,
-            degree_low=4,
-            degree_high=12,
-            heartbeat_interval=1,
-            unsubscribe_back_off=1,
-            max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC,
-        )
+        self.router = GossipRouter()
         self.pubsub = Pubsub(
             host.host,
             self.router,

@@ -125,6 +125,18 @@ def _peer_id_of(maddr: str) -> str | None:
         raise DialError(f"{maddr!r} is not a dialable /ip4/…/tcp/…/p2p/<peer id> multiaddr: {exc}") from None
 
 
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error under a swarm dial failure (say, `protocols not supported: tried ['/yamux/1.0.0']` for a
+    peer with no muxer in common), as `; because: ...`. The swarm's own message only says that no address worked."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen and len(seen) < 16:
+        seen.append(current)
+        inner = getattr(current, "errors", None)  # libp2p's MultiError holds one error per address tried
+        current = current.__cause__ or (inner[0] if isinstance(inner, list | tuple) and inner else None)
+    return "" if len(seen) == 1 else f"; because: {type(seen[-1]).__name__}: {seen[-1]}"
+
+
 class P2PHost:
     """A running libp2p host as the transports see it: dial, open streams, serve protocols."""
 
@@ -159,7 +171,7 @@ class P2PHost:
         except trio.TooSlowError:
             raise DialError(f"dialing {maddr} timed out after {self.dial_timeout:g} s") from None
         except Exception as exc:  # swarm, upgrader and multiselect each raise their own types
-            raise DialError(f"dialing {maddr} failed: {type(exc).__name__}: {exc}") from None
+            raise DialError(f"dialing {maddr} failed: {type(exc).__name__}: {exc}{_root_cause(exc)}") from None
         return peer_id
 
     async def ensure_connected(self, maddr_or_peer: str) -> str:

@@ -45,7 +45,7 @@ def refused(status: int, reason: str, retry_after: str | None = None) -> Answer:
 
 
 def one_task_then_none(task_id: str, offer: bytes) -> Any:
-    handed = []
+    handed: list[int] = []
 
     def pull() -> Answer:
         if handed:

@@ -22,7 +22,7 @@ from tests.coordinator_support import CoordinatorProcess
 from transports.base import Admitted, Delivery, Verdict
 from transports.coordinator import CoordinatorPullTransport
 
-FAST = {"poll_interval": 0.05, "heartbeat_interval": 0.1}
+FAST: dict[str, Any] = {"poll_interval": 0.05, "heartbeat_interval": 0.1}
 
 
 class RecordingSink:
@@ -84,9 +84,11 @@ async def heartbeats_seen(db: Path, agent: str, count: int) -> None:
     """Wait until the coordinator has recorded `count` more signs of life from this agent."""
     for _ in range(count):
         before = one(db, "SELECT last_seen FROM agents WHERE agent = ?", agent)
-        await eventually(
-            lambda b=before: one(db, "SELECT last_seen FROM agents WHERE agent = ?", agent) > b, "heartbeat"
-        )
+
+        def beat_after(b: int = before) -> bool:
+            return bool(one(db, "SELECT last_seen FROM agents WHERE agent = ?", agent) > b)
+
+        await eventually(beat_after, "heartbeat")
 
 
 def run_with_worker(

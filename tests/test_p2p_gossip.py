@@ -238,4 +238,4 @@ def test_a_withdrawn_node_hears_no_offers_is_still_heard_and_can_rejoin() -> Non
             assert third not in b.sink.raws()
             assert OFFERS_TOPIC not in b.gossip.pubsub.topic_ids
 
-    run_trio(main, deadline=30)
+    run_trio(main, deadline=90)

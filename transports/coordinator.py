@@ -71,10 +71,26 @@ def _retry_after(value: str | None, cap: float) -> float | None:
 
 
 def _json_answer(response: httpx.Response, path: str) -> Any:
+    return _json_content(response.content, path)
+
+
+def _json_content(content: bytes, path: str) -> Any:
     try:
-        return parse_json(response.content, max_bytes=MAX_ANSWER_BYTES)
+        return parse_json(content, max_bytes=MAX_ANSWER_BYTES)
     except JsonError as exc:
         raise ValueError(f"{path} answered with JSON we do not take: {exc}") from None
+
+
+def parse_pull_answer(content: bytes) -> PulledTask | None:
+    """A `/pull` answer's task, None when the queue had nothing, or `ValueError` for anything else."""
+    answer = _json_content(content, "/pull")
+    try:
+        task = answer["task"]
+        if task is None:
+            return None
+        return PulledTask(str(task["taskId"])[:64], base64.b64decode(task["offer"], validate=True))
+    except (KeyError, TypeError, IndexError) as exc:  # ValueError (bad base64) passes through as it is
+        raise ValueError(f"/pull answered with an unexpected shape: {type(exc).__name__}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +231,7 @@ class CoordinatorPullTransport:
             # A wrong pin or someone in the middle: back off like any failure (each such answer holds a claim that
             # lingers until the task's deadline, so pulling fast would only strand more tasks).
             raise ValueError("the /pull answer is not signed by the pinned coordinator key")
-        answer = _json_answer(response, "/pull")
-        try:
-            task = answer["task"]
-            if task is None:
-                return None
-            return PulledTask(str(task["taskId"])[:64], base64.b64decode(task["offer"], validate=True))
-        except (KeyError, TypeError) as exc:  # ValueError (bad base64) passes through as it is
-            raise ValueError(f"/pull answered with an unexpected shape: {type(exc).__name__}") from None
+        return parse_pull_answer(response.content)
 
     async def _deliver(self, task: PulledTask) -> Verdict:
         async def reply(raw: bytes) -> None:

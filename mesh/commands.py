@@ -18,6 +18,7 @@ from executor.policy import ExecutorPolicy
 from mesh.gate import SandboxMode
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig, OfferOutcome
+from transports.base import Transport
 
 if TYPE_CHECKING:
     from transports.ble.transport import BleRadio
@@ -57,46 +58,54 @@ async def open_ble_radio(options: NodeOptions) -> AsyncIterator[BleRadio | None]
 
 async def run_node(options: NodeOptions) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly: runs are aborted and no container is left behind."""
-    config = NodeConfig(
-        identity=options.identity,
-        listen=options.listen,
-        peers=options.peers,
-        sandbox_mode=options.sandbox_mode,
-        state_root=options.state_root,
-    )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_ble_radio(options) as ble_radio, MeshNode.open(config) as node, trio.open_nursery() as nursery:
-            if options.metrics_port is not None:
-                from mesh.metrics_server import serve_metrics
-
-                await nursery.start(serve_metrics, node.metrics, options.metrics_port)
+        async with open_ble_radio(options) as ble_radio:
+            transports: list[Transport] = []
             if options.coordinator:
                 from transports.coordinator import CoordinatorPullTransport
 
-                puller = CoordinatorPullTransport(
-                    options.coordinator, options.identity, node.intake, lambda: node.gate.reported_mode
-                )
-                nursery.start_soon(puller.run)
+                transports.append(CoordinatorPullTransport(options.coordinator, options.identity))
             if ble_radio is not None:
-                await nursery.start(node.run_ble, ble_radio)
-            print(
-                json.dumps(
-                    {
-                        "event": "ready",
-                        "peerId": node.peer_id,
-                        "addrs": node.addrs,
-                        "sandboxMode": node.gate.reported_mode,
-                        "reason": node.gate.status.reason,
-                    }
-                ),
-                flush=True,
+                from transports.ble import BleRadioTransport
+
+                transports.append(BleRadioTransport(ble_radio, options.identity))
+            config = NodeConfig(
+                identity=options.identity,
+                listen=options.listen,
+                peers=options.peers,
+                sandbox_mode=options.sandbox_mode,
+                state_root=options.state_root,
+                transports=transports,
             )
-            async for signum in signals:
-                log.info("shutting down", signal=signal.Signals(signum).name)
-                await node.drain()
-                nursery.cancel_scope.cancel()
-                break
+            async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
+                await _serve_until_signalled(options, node, nursery, signals)
     print(json.dumps({"event": "stopped"}), flush=True)
+
+
+async def _serve_until_signalled(
+    options: NodeOptions, node: MeshNode, nursery: trio.Nursery, signals: AsyncIterator[int]
+) -> None:
+    if options.metrics_port is not None:
+        from mesh.metrics_server import serve_metrics
+
+        await nursery.start(serve_metrics, node.metrics, options.metrics_port)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "peerId": node.peer_id,
+                "addrs": node.addrs,
+                "sandboxMode": node.gate.reported_mode,
+                "reason": node.gate.status.reason,
+            }
+        ),
+        flush=True,
+    )
+    async for signum in signals:
+        log.info("shutting down", signal=signal.Signals(signum).name)
+        await node.drain()
+        nursery.cancel_scope.cancel()
+        break
 
 
 @dataclass

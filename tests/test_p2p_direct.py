@@ -49,14 +49,15 @@ async def pair(*, stall_timeout: float = 2.0, result_timeout: float = 5.0) -> As
         sink.nursery = nursery
         direct = DirectTransport(
             server,
-            sink,
             desk,
             stall_timeout=stall_timeout,
             result_timeout=result_timeout,
             status=lambda: {"peerId": server.peer_id, "sandboxMode": "docker"},
         )
-        client_direct = DirectTransport(client, RecordingSink(), FakeDesk())
+        await nursery.start(direct.run, sink)
+        client_direct = DirectTransport(client, FakeDesk())  # a client only: its methods need no run()
         yield Pair(server, client, direct, client_direct, sink, desk, nursery)
+        nursery.cancel_scope.cancel()
 
 
 async def raw_exchange(p: Pair, protocol: str, payload: bytes) -> dict[str, object]:

@@ -77,7 +77,8 @@ async def nodes(
         ):
             sink, desk = RecordingSink(participating=takes_offers), FakeDesk()
             sink.nursery = nursery
-            direct = DirectTransport(host, sink, desk)
+            direct = DirectTransport(host, desk)
+            await nursery.start(direct.run, sink)
             node = Node(identity, host, sink, desk, direct, None, mode)  # type: ignore[arg-type]
 
             def recording(raw: bytes, node: Node = node, validate: Any = validate) -> Rejection | None:
@@ -94,14 +95,13 @@ async def nodes(
 
             node.gossip = GossipTransport(
                 host,
-                sink,
                 direct,
                 validate=recording,
                 heartbeat=beat,
                 on_heartbeat=on_heartbeat,
                 heartbeat_interval=0.2,
             )
-            await nursery.start(node.gossip.run)
+            await nursery.start(node.gossip.run, sink)
             made.append(node)
         yield made
 

@@ -235,6 +235,14 @@ def keygen(out: Path, force: bool) -> None:
     help="A peer to join the swarm through: /ip4/ADDR/tcp/PORT/p2p/PEERID (repeatable; kept connected).",
 )
 @click.option(
+    "--announce",
+    multiple=True,
+    help="An address to tell peers instead of the listen addresses: /ip4/ADDR/tcp/PORT or /dns4/NAME/tcp/PORT "
+    "(repeatable; a NAT's port mapping, a DNS name).",
+)
+@click.option("--no-mdns", is_flag=True, help="Do not look for peers on the LAN (mDNS is on for non-loopback listens).")
+@click.option("--relay-service", is_flag=True, help="Relay circuits for peers behind NAT (bounded).")
+@click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -250,6 +258,9 @@ def node(
     key: Path,
     listen: tuple[str, ...],
     bootstrap: tuple[str, ...],
+    announce: tuple[str, ...],
+    no_mdns: bool,
+    relay_service: bool,
     state_dir: Path | None,
     metrics_port: int | None,
     log_json: bool,
@@ -263,7 +274,7 @@ def node(
     from mesh.commands import NodeOptions, run_node
     from mesh.gate import sandbox_mode_from_env
     from mesh.state import default_state_root
-    from transports.p2p import AddressError, parse_listen_addr, parse_peer_addr
+    from transports.p2p import AddressError, parse_announce_addr, parse_listen_addr, parse_peer_addr
 
     logs.configure(json_lines=log_json)
     identity = load_identity(key)
@@ -273,6 +284,8 @@ def node(
             parse_listen_addr(addr)
         for addr in bootstrap:
             parse_peer_addr(addr)
+        for addr in announce:
+            parse_announce_addr(addr)
     except (ValueError, AddressError) as exc:
         raise InputError(str(exc)) from None
     if ble_hci is not None and ble_sim:
@@ -288,6 +301,9 @@ def node(
         ble_sim,
         ble_hci,
         state_root=state_dir or default_state_root(),
+        announce=list(announce),
+        mdns=False if no_mdns else None,
+        relay_service=relay_service,
     )
     run_command(run_node, options)
 

@@ -6,7 +6,7 @@ import contextlib
 import json
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,9 @@ from executor.policy import ExecutorPolicy
 from mesh.gate import SandboxMode
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig, OfferOutcome
+from transports.addresses import ip_of, local_address_towards
 from transports.base import Transport
+from transports.p2p import parse_peer_addr
 
 if TYPE_CHECKING:
     from transports.ble.transport import BleRadio
@@ -38,6 +40,9 @@ class NodeOptions:
     ble_sim: bool = False
     ble_hci: str | None = None
     state_root: Path | None = None
+    announce: list[str] = field(default_factory=list)
+    mdns: bool | None = None
+    relay_service: bool = False
 
 
 @contextlib.asynccontextmanager
@@ -72,10 +77,13 @@ async def run_node(options: NodeOptions) -> None:
             config = NodeConfig(
                 identity=options.identity,
                 listen=options.listen,
+                announce=options.announce,
                 peers=options.peers,
                 sandbox_mode=options.sandbox_mode,
                 state_root=options.state_root,
                 transports=transports,
+                mdns=options.mdns,
+                relay_service=options.relay_service,
             )
             async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
                 await _serve_until_signalled(options, node, nursery, signals)
@@ -89,6 +97,7 @@ async def _serve_until_signalled(
         from mesh.metrics_server import serve_metrics
 
         await nursery.start(serve_metrics, node.metrics, options.metrics_port)
+    node.addresses.on_change(lambda addrs: print(json.dumps({"event": "addrs", "addrs": addrs}), flush=True))
     print(
         json.dumps(
             {
@@ -182,7 +191,19 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
     from mesh.reasons import Reason, Rejection
 
-    config = NodeConfig(identity=options.identity, peers=options.peers, sandbox_mode="none")
+    # Listen where the peers we talk to can reach us back (claims and results come to us): the interface that
+    # routes to them, loopback for a loopback peer. A one-shot offerer is not advertised to the swarm.
+    towards = ip_of(parse_peer_addr(options.to or options.peers[0])[0]) if (options.to or options.peers) else None
+    here = local_address_towards(towards) if towards else "127.0.0.1"
+    config = NodeConfig(
+        identity=options.identity,
+        listen=[f"/ip6/{here}/tcp/0" if ":" in here else f"/ip4/{here}/tcp/0"],
+        peers=options.peers,
+        sandbox_mode="none",
+        mdns=False,
+        advertise=False,
+        forward_offers=False,
+    )
     outcome: OfferOutcome | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with MeshNode.open(config) as node, trio.open_nursery() as nursery:

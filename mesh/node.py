@@ -36,15 +36,20 @@ from mesh.gate import SandboxGate, SandboxMode
 from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
 from mesh.metrics import NodeMetrics
-from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
+from mesh.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.state import StateDir
+from transports.addrwatch import AddressWatcher
 from transports.base import Service, Transport
 from transports.bootstrap import Bootstrapper
+from transports.connmgr import ConnectionManager
 from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
-from transports.p2p import P2PHost, open_host
+from transports.mdns import LanDiscovery
+from transports.p2p import P2PHost, listens_beyond_loopback, open_host
+from transports.relay import Relay, ReserveMode
+from transports.rendezvous import Rendezvous
 
 log = structlog.get_logger("edgecoder.node")
 
@@ -56,6 +61,8 @@ RAN_HISTORY = 10_000
 class NodeConfig:
     identity: NodeIdentity
     listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    # Addresses to tell peers instead of the listen addresses (a NAT's port mapping, a DNS name).
+    announce: Sequence[str] = ()
     peers: Sequence[str] = ()
     sandbox_mode: SandboxMode = "docker"
     executor_policy: ExecutorPolicy = field(default_factory=ExecutorPolicy.from_env)
@@ -81,6 +88,18 @@ class NodeConfig:
     # More ways offers reach this node, beside its direct streams and gossip: a coordinator's /pull, BLE. Each is
     # started with the others (`Transport.run(sink)`) and stopped with them.
     transports: Sequence[Transport] = ()
+    # The swarm: mDNS on the LAN (None: on when the node listens on a non-loopback address), serving as a relay
+    # for others, reserving on relays among the bootstrap peers ("auto": when identify shows a NAT in between),
+    # advertising this node at the seeds' rendezvous (a one-shot offerer does not), and the connection watermarks.
+    mdns: bool | None = None
+    relay_service: bool = False
+    relay_reserve: ReserveMode = "auto"
+    advertise: bool = True
+    # In the offers mesh, relaying offers for others (every node); False for a one-shot offerer, which only
+    # publishes (through a fanout) and is gone once it has its result.
+    forward_offers: bool = True
+    connections_low: int = 4
+    connections_high: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +157,32 @@ class MeshNode:
             heartbeat=self.heartbeat,
             on_heartbeat=self.peers.observe,
             heartbeat_interval=config.heartbeat_interval,
+            forward_offers=config.forward_offers,
         )
         # Raises AddressError for a bad bootstrap address, before anything runs.
         self.bootstrap = Bootstrapper(p2p, config.peers)
+        self.addresses = AddressWatcher(p2p)
+        self.relay = Relay(p2p, relays=config.peers, serve=config.relay_service, reserve=config.relay_reserve)
+        self.connections = ConnectionManager(
+            p2p,
+            low=config.connections_low,
+            high=config.connections_high,
+            protected=lambda: {p.peer_id for p in self.bootstrap.peers} | set(self.relay.reserved),
+        )
+        self.rendezvous = Rendezvous(
+            p2p,
+            seeds=self.bootstrap.connected,
+            on_found=lambda peer, addrs: self.connections.discovered(peer, addrs, "rendezvous"),
+            register=config.advertise,
+        )
         # Everything that runs beside the workers, in the order it starts: offers are served (direct first, so that
-        # a peer's first stream finds its handler) before any peer is dialled.
+        # a peer's first stream finds its handler) and circuits can be dialled before any peer is dialled.
         self.transports: list[Transport] = [self.direct, self.gossip, *config.transports]
-        self.services: list[Service] = [self.bootstrap]
+        self.services: list[Service] = [self.addresses, self.relay, self.bootstrap, self.connections, self.rendezvous]
+        if config.mdns if config.mdns is not None else listens_beyond_loopback(config.listen):
+            self.services.append(
+                LanDiscovery(p2p, lambda peer, addrs: self.connections.discovered(peer, addrs, "mdns", eager=True))
+            )
         self._nursery = nursery
         self._draining = False
         self._workers_left = 0
@@ -172,7 +210,7 @@ class MeshNode:
                         **config.executor_options,
                     )
                 )
-            p2p = await stack.enter_async_context(open_host(config.identity, config.listen))
+            p2p = await stack.enter_async_context(open_host(config.identity, config.listen, announce=config.announce))
             nursery = await stack.enter_async_context(trio.open_nursery())
             node = cls(config, nursery, p2p, executor, state)
             await node._start()
@@ -199,12 +237,10 @@ class MeshNode:
             self._workers_done.set()
 
     async def _follow_gate(self, participating: bool) -> None:
-        """Withdraw from every transport when the sandbox fails; rejoin when it works again."""
+        """Peers learn at once when this node starts or stops taking offers. The transports follow the intake's
+        `participating` by themselves: gossip still forwards offers but hands none to the intake, BLE stops
+        scanning, the coordinator stops pulling, and direct offers are refused."""
         self.gossip.beat_now()
-        if participating:
-            await self.gossip.rejoin()
-        else:
-            await self.gossip.withdraw()
 
     async def run_ble(
         self,
@@ -383,7 +419,8 @@ class MeshNode:
 
     def make_offer(self, **fields: Any) -> bytes:
         """A signed offer from this node, replying to its own listen addresses."""
-        fields.setdefault("reply_to", tuple(self.p2p.addrs))
+        # What peers can reach: announced, expanded and relayed addresses, direct ones first.
+        fields.setdefault("reply_to", tuple(self.p2p.addrs[:MAX_REPLY_ADDRS]))
         return TaskOffer.create(self.identity, **fields).sign(self.identity)
 
     async def offer_direct(self, peer: str, raw: bytes) -> OfferOutcome:

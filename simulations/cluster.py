@@ -3,11 +3,11 @@
 Roles (what a node is in a scenario, not a mode of the node itself):
 
 - `runner`: `sandbox_mode="docker"`, a real node with the Docker executor; the only role that can run offers.
-- `listener`: `sandbox_mode="none"`, but the harness subscribes it to the offers topic (`gossip.rejoin()`), so it
-  relays and hears offers like a runner, without Docker. Its intake then refuses them (`sandbox_unavailable`) and
-  its heartbeat says `none`, so it is never granted a claim. Listeners let one machine measure gossip delivery
+- `listener`: `sandbox_mode="none"`: like every node it relays and hears offers, without Docker, and takes none (its
+  heartbeat says `none`, so it is never granted a claim either). Listeners let one machine measure gossip delivery
   over many more nodes than it could run containers for.
-- `refuser`: a plain `SANDBOX_MODE=none` node, exactly as an operator would start it (not subscribed to offers).
+- `refuser`: a plain `SANDBOX_MODE=none` node, exactly as an operator would start it: the same as a listener, the
+  name says which question a scenario asks of it.
 - `offerer`: a plain `none` node that publishes offers and grants claims.
 
 Each node lives in its own task under its own cancel scope: `kill` cancels that scope (the node's nursery, libp2p
@@ -140,8 +140,6 @@ class Cluster:
                 sim._scope = scope
                 async with MeshNode.open(config) as node:
                     sim.port = int(node.addrs[0].split("/tcp/")[1].split("/")[0])
-                    if sim.role == "listener":
-                        await node.gossip.rejoin()
                     for hook in self.on_open:
                         hook(sim, node)
                     sim.node = node

@@ -1,4 +1,5 @@
-"""A share of SANDBOX_MODE=none nodes: they stay in the mesh (heartbeats) but never hear, claim or run an offer."""
+"""A share of SANDBOX_MODE=none nodes: they stay in the mesh and forward offers like any node, but their intake
+never sees one, and they claim and run nothing."""
 
 from __future__ import annotations
 
@@ -25,16 +26,20 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         none_nodes = cluster.live("refuser")
         figures["none_ran"] = sum(len(n.ran) for n in none_nodes)
         figures["none_admitted"] = sum(sum(n.intake.admitted.values()) for n in none_nodes)
-        figures["none_subscribed"] = sum(n.gossip.subscribed for n in none_nodes)
-        figures["none_reached"] = sum(
-            1 for r in records for n in none_nodes if n.peer_id in instruments.probe.reached(r.raw)
+        figures["none_intake_calls"] = sum(
+            sum(n.intake.admitted.values()) + sum(n.intake.rejected.values()) for n in none_nodes
         )
+        figures["none_claims"] = sum(
+            n.metrics.claims.labels(outcome)._value.get() for n in none_nodes for outcome in ("granted", "refused")
+        )
+        figures["none_forwarded"] = sum(n.gossip.stats["offer_forwarded_not_taken"] for n in none_nodes)
         offerer = offerers(cluster)[0]
         figures["none_seen_as_none"] = sum(offerer.peers.sandbox_mode(n.peer_id) == "none" for n in none_nodes)
     report.text(
         f"{runners} Docker runners, {refusers} plain `SANDBOX_MODE=none` nodes (started as an operator would) and one "
         f"offerer. Formed: {formed}. The none nodes ran {figures['none_ran']} offers, admitted "
-        f"{figures['none_admitted']}, were reached by gossip {figures['none_reached']} times, and "
+        f"{figures['none_admitted']}, asked for {figures['none_claims']:.0f} claims, and forwarded offers they did not "
+        f"take {figures['none_forwarded']} times; "
         f"{figures['none_seen_as_none']} of {refusers} were seen by the offerer's heartbeats as `sandboxMode: none`."
     )
     standard_sections(report, figures)

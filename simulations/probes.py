@@ -48,18 +48,28 @@ class DeliveryProbe:
     arrivals: dict[bytes, dict[str, Arrival]] = field(default_factory=lambda: defaultdict(dict))
 
     def watch(self, node: MeshNode) -> None:
+        """Gossip arrivals are stamped when the node's gossip receives the offer (every node forwards offers, takes
+        them or not), and get the intake's verdict if it takes them; other transports' at the intake."""
         original: Callable[[Delivery], Awaitable[Verdict]] = node.intake.deliver
         peer_id = node.peer_id
+
+        def heard(raw: bytes, _sender: str) -> None:
+            self.arrivals[digest_of(raw)].setdefault(peer_id, Arrival(self.clock(), "gossip", "heard"))
 
         async def deliver(delivery: Delivery) -> Verdict:
             stamped = self.clock()
             verdict = await original(delivery)
             seen = self.arrivals[digest_of(delivery.raw)]
-            if peer_id not in seen:
-                reason = getattr(verdict, "reason", None)
-                seen[peer_id] = Arrival(stamped, delivery.transport, "admitted" if reason is None else str(reason))
+            reason = getattr(verdict, "reason", None)
+            outcome = "admitted" if reason is None else str(reason)
+            earlier = seen.get(peer_id)
+            if earlier is None:
+                seen[peer_id] = Arrival(stamped, delivery.transport, outcome)
+            elif earlier.verdict == "heard":
+                seen[peer_id] = Arrival(earlier.at, earlier.transport, outcome)
             return verdict
 
+        node.gossip.on_heard(heard)
         node.intake.deliver = deliver  # type: ignore[method-assign]
 
     def watch_publisher(self, node: MeshNode) -> None:

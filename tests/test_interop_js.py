@@ -42,12 +42,13 @@ SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
 
 
 @asynccontextmanager
-async def our_node(mode: str = "none") -> AsyncIterator[MeshNode]:
+async def our_node(mode: str = "none", *, forward_offers: bool = True) -> AsyncIterator[MeshNode]:
     config = NodeConfig(
         identity=NodeIdentity.generate(),
         sandbox_mode=mode,  # type: ignore[arg-type]
         executor_policy=sandbox_policy(),
         heartbeat_interval=0.5,
+        forward_offers=forward_offers,
     )
     async with MeshNode.open(config) as node:
         yield node
@@ -234,9 +235,9 @@ def test_invalid_offers_from_a_js_peer_are_refused_and_never_forwarded() -> None
 def test_a_late_joining_js_peer_gets_our_offers_under_sha256_ids_and_no_iwant_for_offers_it_has() -> None:
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            # The offerer does not run work (sandbox none), so it publishes to a fanout of six subscribers and sends
-            # IHAVE to every other subscriber at each heartbeat: that is where message ids meet on the wire.
-            offerer = await stack.enter_async_context(our_node("none"))
+            # A one-shot offerer (not in the offers mesh) publishes to a fanout of six subscribers and sends IHAVE
+            # to every other subscriber at each heartbeat: that is where message ids meet on the wire.
+            offerer = await stack.enter_async_context(our_node("none", forward_offers=False))
             fanout = offerer.gossip.router.degree  # a topic it has not joined goes to `degree` subscribers
             early = [await stack.enter_async_context(JsPeer.open()) for _ in range(fanout)]
             for js in early:

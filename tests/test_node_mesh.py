@@ -163,7 +163,7 @@ def test_a_sandbox_mode_none_node_never_receives_claims_or_runs_while_its_heartb
             offerer: MeshNode = m["offerer"]
             refuser: MeshNode = m["none"][0]
             assert offerer.peers.sandbox_mode(refuser.peer_id) == "none"
-            assert not refuser.gossip.subscribed and refuser.executor is None
+            assert refuser.executor is None
             for i in range(3):
                 outcome = await offerer.offer_gossip(
                     offerer.make_offer(language="python", code=f"print({i})"), timeout=30
@@ -243,12 +243,12 @@ def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_pa
                 executor_options={"docker_base_url": relay.base_url},
             )
             async with MeshNode.open(config) as flaky:
-                assert flaky.gate.participating and flaky.gossip.subscribed
+                assert flaky.gate.participating and flaky.intake.participating
                 relay.cut()
                 with trio.fail_after(10):
                     while flaky.gate.participating:
                         await flaky.gate.wait_changed()
-                assert not flaky.gossip.subscribed
+                assert not flaky.intake.participating  # every transport follows it: gossip hands it nothing
                 assert flaky.gate.reported_mode == "none"
                 refused = await offerer.offer_direct(
                     flaky.addrs[0], offerer.make_offer(language="python", code="print(1)")
@@ -260,13 +260,13 @@ def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_pa
                 # Gossip offers still run, on the node that can sandbox.
                 outcome = await offerer.offer_gossip(offerer.make_offer(language="python", code="print(2)"))
                 assert outcome.result is not None and outcome.result.executor != flaky.identity.public_key
-                assert not flaky.ran
+                assert not flaky.ran and flaky.intake.admitted["gossip"] == 0
 
                 await relay.restore()
                 with trio.fail_after(15):
                     while not flaky.gate.participating:
                         await flaky.gate.wait_changed()
-                assert flaky.gossip.subscribed
+                assert flaky.intake.participating
                 back = await offerer.offer_direct(
                     flaky.addrs[0], offerer.make_offer(language="python", code="print(3)")
                 )

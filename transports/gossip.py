@@ -1,9 +1,12 @@
 """GossipSub: offers heard by the whole mesh, and each node's signed heartbeat.
 
 Two topics. On `edgecoder/offers/1` a topic validator runs the intake's cheap checks and the offer signature before
-libp2p forwards anything, so an invalid offer stops at the first honest hop. On `edgecoder/heartbeat/1` every node
-publishes `pack(heartbeat())` once per `heartbeat_interval`; libp2p's strict signing authenticates the sender, and a
-heartbeat whose `peerId` is not that sender is refused by the validator (and so not forwarded either).
+libp2p forwards anything, so an invalid offer stops at the first honest hop. Every node is in the offers mesh and
+forwards valid offers, seeds and relays that cannot sandbox included (a mesh whose routers dropped out would cut
+offerers off from runners); a node hands offers to its intake only while it participates. On
+`edgecoder/heartbeat/1` every node publishes `pack(heartbeat())` once per `heartbeat_interval`; libp2p's strict
+signing authenticates the sender, and a heartbeat whose `peerId` is not that sender is refused by the validator (and
+so not forwarded either).
 
 One message id per topic (`message_id`, written byte for byte in docs/protocol.md), used everywhere an id is:
 
@@ -32,7 +35,7 @@ libp2p defaults overridden here, and why:
 - `max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC` (default 10): the limit applies per *forwarding* peer
   per topic, and a neighbour relays the heartbeats of every node behind it. At 10/s a mesh of more than ten nodes
   would silently lose heartbeats. 50/s carries the heartbeats of ~45 nodes with room for offers.
-- `unsubscribe_back_off=1` (default 10 s): after `withdraw()` + `rejoin()` (the sandbox gate recovered) the node
+- `unsubscribe_back_off=1` (default 10 s): a peer that leaves and rejoins a topic
   should be back in the mesh within a couple of heartbeats, not ten seconds later.
 - `strict_signing=True` (already the default; stated so it cannot silently change).
 
@@ -84,6 +87,7 @@ MESHSUB_PROTOCOLS: tuple[TProtocol, ...] = (PROTOCOL_ID_V12, PROTOCOL_ID_V11, PR
 HeartbeatFn = Callable[[], dict[str, Any]]
 OnHeartbeatFn = Callable[[str, dict[str, Any]], None]
 ValidateFn = Callable[[bytes], Rejection | None]
+HeardFn = Callable[[bytes, str], None]
 
 
 MessageIdFn = Callable[[rpc_pb2.Message], bytes]
@@ -153,8 +157,12 @@ class GossipTransport:
         heartbeat: HeartbeatFn,
         on_heartbeat: OnHeartbeatFn,
         heartbeat_interval: float = 15.0,
+        forward_offers: bool = True,
     ) -> None:
         self.host = host
+        # A node in the offers mesh relays offers for others. A one-shot offerer is a client: it publishes through
+        # a fanout and relays nothing (it will be gone in a minute).
+        self.forward_offers = forward_offers
         self.sink: OfferSink | None = None  # set by run()
         self.direct = direct
         self.validate = validate
@@ -174,7 +182,15 @@ class GossipTransport:
         # service from there. If pubsub stops while such a stream still delivers, that scheduling raises into the
         # swarm and tears the host down. We track those streams so that `run` can end them before pubsub stops.
         self._inbound_streams: dict[INetStream, trio.CancelScope] = {}
+        self._no_inbound_streams = trio.Event()
+        # The host listens (and peers reconnect: a restarted node is redialled at once) before pubsub's service
+        # runs; pubsub's own handler then fails on its missing manager and tears the connection down. Inbound
+        # pubsub streams wait for this instead.
+        self._pubsub_ready = trio.Event()
         self._closing = False
+        # Told of every valid offer this node receives, taken or only forwarded (simulations measure delivery
+        # with it, over nodes that cannot take offers).
+        self._heard: list[HeardFn] = []
         for protocol in self.router.get_protocols():
             host.set_handler(protocol, self._read_pubsub_stream)
         self.pubsub.set_topic_validator(OFFERS_TOPIC, self._offer_is_valid, False)
@@ -204,13 +220,19 @@ class GossipTransport:
         self.sink = sink
         async with background_trio_service(self.pubsub), background_trio_service(self.router):
             await self.pubsub.wait_until_ready()
+            self._pubsub_ready.set()
             try:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     heartbeats = await self.pubsub.subscribe(HEARTBEAT_TOPIC)
                     nursery.start_soon(self._read_heartbeats, heartbeats)
-                    if sink.participating:
-                        await self.rejoin()
+                    # Every node is in the offers mesh and forwards valid offers (seeds and relays included), whether
+                    # it takes them or not: taking is the sink's `participating`, read for each offer.
+                    if self.forward_offers:
+                        offers = await self.pubsub.subscribe(OFFERS_TOPIC)
+                        queue_in, queue_out = trio.open_memory_channel[rpc_pb2.Message](DELIVERY_QUEUE)
+                        nursery.start_soon(self._read_offers, offers, queue_in)
+                        nursery.start_soon(self._deliver_offers, queue_out)
                     nursery.start_soon(self._publish_heartbeats)
                     task_status.started()
                     await trio.sleep_forever()
@@ -227,18 +249,21 @@ class GossipTransport:
         with trio.CancelScope() as scope:
             self._inbound_streams[stream] = scope
             try:
+                await self._pubsub_ready.wait()
                 await self.pubsub.stream_handler(stream)
-            except RuntimeError as exc:
+            except RuntimeError:
                 # Rarely a reader still drains buffered messages (no checkpoint, so our cancel has not landed yet)
                 # as pubsub stops, and pubsub's closed nursery refuses the task it schedules per message. At
                 # shutdown that message is moot; raised further it would tear down the whole swarm. The cancel that
-                # stops pubsub can reach its nursery before our own `finally` has set `_closing`, so trio's own
-                # refusal (a bare RuntimeError) is recognised too; any other RuntimeError is a bug and goes up.
-                if not (self._closing or "closed to new arrivals" in str(exc)):
+                # stops pubsub can reach its nursery before our own `finally` has set `_closing`, so pubsub's own
+                # state says it too; a RuntimeError while pubsub runs is a bug and goes up.
+                if not (self._closing or not self.pubsub.manager.is_running):
                     raise
                 log.debug("pubsub stream ended during shutdown", exc_info=True)
             finally:
                 del self._inbound_streams[stream]
+                if not self._inbound_streams:
+                    self._no_inbound_streams.set()
 
     async def _end_inbound_streams(self) -> None:
         """Refuse new pubsub streams and cancel the readers of open ones, so none outlives pubsub."""
@@ -247,23 +272,10 @@ class GossipTransport:
             self.host.remove_handler(protocol)
         for scope in self._inbound_streams.values():
             scope.cancel()
-        with trio.move_on_after(1):
-            while self._inbound_streams:
-                await trio.sleep(0)
-
-    async def withdraw(self) -> None:
-        """Stop taking offers: leave the offers mesh (peers stop sending them). Heartbeats continue."""
-        await self.pubsub.unsubscribe(OFFERS_TOPIC)  # closes the subscription, which ends its reader
-
-    async def rejoin(self) -> None:
-        if self.subscribed:
-            return
-        if self._nursery is None:
-            raise RuntimeError("GossipTransport.rejoin() needs run() to have started")
-        subscription = await self.pubsub.subscribe(OFFERS_TOPIC)
-        queue_in, queue_out = trio.open_memory_channel[rpc_pb2.Message](DELIVERY_QUEUE)
-        self._nursery.start_soon(self._read_offers, subscription, queue_in)
-        self._nursery.start_soon(self._deliver_offers, queue_out)
+        if self._inbound_streams:
+            self._no_inbound_streams = trio.Event()
+            with trio.move_on_after(1):
+                await self._no_inbound_streams.wait()
 
     # -- offers ------------------------------------------------------------------------------------------------
 
@@ -291,18 +303,27 @@ class GossipTransport:
 
     async def _read_offers(self, subscription: Any, queue: trio.MemorySendChannel[rpc_pb2.Message]) -> None:
         async with queue:
-            async for msg in subscription:  # ends when withdraw() closes the subscription
+            async for msg in subscription:
                 try:
                     queue.send_nowait(msg)
                 except trio.WouldBlock:
                     self.stats["offer_dropped_queue_full"] += 1
 
+    def on_heard(self, callback: HeardFn) -> None:
+        self._heard.append(callback)
+
     async def _deliver_offers(self, queue: trio.MemoryReceiveChannel[rpc_pb2.Message]) -> None:
         async with queue:
             async for msg in queue:
+                for heard in self._heard:
+                    heard(bytes(msg.data), _sender(msg))
                 await self._deliver_offer(msg)
 
     async def _deliver_offer(self, msg: rpc_pb2.Message) -> None:
+        sink = self.sink
+        if sink is None or not sink.participating:
+            self.stats["offer_forwarded_not_taken"] += 1  # this node relays offers it cannot take, and no more
+            return
         raw = bytes(msg.data)
         try:
             offer = parse_offer(raw).offer  # already validated: read only the id and where to answer
@@ -338,9 +359,6 @@ class GossipTransport:
             raise ReplyError(f"the offerer did not take the result: {last}")
 
         self.stats["offer_delivered"] += 1
-        sink = self.sink
-        if sink is None:
-            return
         await sink.deliver(Delivery(raw, "gossip", sender=_sender(msg), reply=reply, claim=claim))
 
     def _reachable(self, offerer: str, targets: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ overridden here, each with its reason:
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -25,7 +26,7 @@ from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.network.config import ConnectionConfig
+from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pubsub import Pubsub
@@ -35,6 +36,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from mesh.identity import NodeIdentity
+from transports.addresses import WILDCARDS, AddressBook, install_circuit_aware_addrs, ip_of, is_circuit, with_peer
 
 StreamHandler = Callable[[INetStream], Awaitable[None]]
 
@@ -54,6 +56,21 @@ class AddressError(ValueError):
 
 class ListenError(AddressError):
     """The node cannot listen where it was asked to; the message names the address and the fix."""
+
+
+def parse_announce_addr(text: str) -> str:
+    """An address to announce: any multiaddr naming a host and a TCP port (`/ip4`, `/ip6`, `/dns4`, `/dns6`,
+    `/dns`), without `/p2p` (our own PeerID is appended), or `AddressError`."""
+    try:
+        maddr = multiaddr.Multiaddr(text)
+    except Exception as exc:  # the multiaddr package raises several unrelated types
+        raise AddressError(
+            f"--announce {text!r} is not a multiaddr ({exc}); expected /ip4/203.0.113.7/tcp/4001"
+        ) from None
+    names = [p.name for p in maddr.protocols()]
+    if len(names) != 2 or names[0] not in ("ip4", "ip6", "dns", "dns4", "dns6") or names[1] != "tcp":
+        raise AddressError(f"--announce {text!r} must be /ip4|/ip6|/dns4|/dns6/HOST/tcp/PORT (no /p2p: ours is added)")
+    return str(maddr)
 
 
 def parse_peer_addr(text: str) -> tuple[multiaddr.Multiaddr, str]:
@@ -78,6 +95,15 @@ def parse_listen_addr(text: str) -> multiaddr.Multiaddr:
     if len(protocols) != 2 or protocols[0] not in ("ip4", "ip6") or protocols[1] != "tcp":
         raise ListenError(f"--listen {text!r} must be /ip4/ADDR/tcp/PORT or /ip6/ADDR/tcp/PORT")
     return maddr
+
+
+def listens_beyond_loopback(listen: Sequence[str]) -> bool:
+    """Whether any listen address is reachable from another machine (a wildcard, or a non-loopback address)."""
+    for text in listen:
+        ip = ip_of(parse_listen_addr(text))
+        if ip is not None and (ip in WILDCARDS or not ipaddress.ip_address(ip).is_loopback):
+            return True
+    return False
 
 
 def probe_port_free(maddr: multiaddr.Multiaddr) -> None:
@@ -145,10 +171,15 @@ class P2PHost:
         self,
         host: IHost,
         *,
+        addresses: AddressBook | None = None,
         dial_timeout: float = DEFAULT_DIAL_TIMEOUT,
         stream_timeout: float = DEFAULT_STREAM_TIMEOUT,
     ) -> None:
         self.host = host
+        self.addresses = addresses or AddressBook()
+        # Set by the relay client (transports.relay): how to dial a `/p2p/RELAY/p2p-circuit/p2p/PEER` address, which
+        # the swarm itself cannot (it drops relay addresses).
+        self.circuit_dialer: Callable[[multiaddr.Multiaddr], Awaitable[Any]] | None = None
         self.peer_id: str = host.get_id().to_base58()
         self.dial_timeout = dial_timeout
         self.stream_timeout = stream_timeout
@@ -166,11 +197,23 @@ class P2PHost:
         peer_id = info.peer_id.to_base58()
         if peer_id == self.peer_id:
             raise DialError(f"{maddr} is this node's own address")
+        if peer_id in self.connected_peers():
+            return peer_id
+        # Each of our dials is a real attempt: the swarm would otherwise refuse, for 60 s and without trying, a
+        # peer whose addresses all failed once (its negative cache), and our own backoff would mean nothing.
+        self.host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
         try:
             with trio.fail_after(self.dial_timeout):
-                await self.host.connect(info)
+                if is_circuit(maddr):
+                    if self.circuit_dialer is None:
+                        raise DialError(f"{maddr} is a relay circuit, and this node runs no relay client")
+                    await self.circuit_dialer(multiaddr.Multiaddr(maddr))
+                else:
+                    await self.host.connect(info)
         except trio.TooSlowError:
             raise DialError(f"dialing {maddr} timed out after {self.dial_timeout:g} s") from None
+        except DialError:
+            raise
         except Exception as exc:  # swarm, upgrader and multiselect each raise their own types
             raise DialError(f"dialing {maddr} failed: {type(exc).__name__}: {exc}{_root_cause(exc)}") from None
         return peer_id
@@ -206,6 +249,70 @@ class P2PHost:
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self.host.get_connected_peers()]
 
+    async def disconnect(self, peer_id: str) -> None:
+        try:
+            await self.host.disconnect(ID.from_base58(peer_id))
+        except Exception:  # gone already
+            pass
+
+    def peer_addrs(self, peer_id: str) -> list[str]:
+        """What identify (or discovery) told us a peer can be reached at, as full multiaddrs."""
+        try:
+            addrs = self.host.get_peerstore().addrs(ID.from_base58(peer_id))
+        except Exception:  # a peer the peerstore does not know
+            return []
+        return [with_peer(a, peer_id) for a in addrs]
+
+    def serve_rendezvous(self, service_class: Callable[[IHost], Any]) -> Any:
+        """A rendezvous point on this host (the service registers its own stream handler)."""
+        return service_class(self.host)
+
+    def supports(self, peer_id: str, protocol: str) -> bool:
+        """Whether identify said `peer_id` serves `protocol` (False before identify has finished)."""
+        try:
+            return protocol in self.host.get_peerstore().get_protocols(ID.from_base58(peer_id))
+        except Exception:  # the peerstore raises for a peer it does not know yet
+            return False
+
+    def observed_addrs(self) -> list[multiaddr.Multiaddr]:
+        """Where peers saw our connections come from (identify), each observed at least once. Loopback is never
+        recorded by libp2p."""
+        manager = getattr(self.host, "_observed_addr_manager", None)  # private, no public accessor in 0.8.1
+        return [] if manager is None else list(manager.addrs(min_observers=1))
+
+    def interface_ips(self) -> list[str]:
+        """The IPs of the addresses this node listens on, wildcards expanded to the interfaces'."""
+        from libp2p.utils.address_validation import expand_wildcard_address
+
+        ips = []
+        for addr in self.host.get_transport_addrs():
+            for concrete in expand_wildcard_address(addr) if ip_of(addr) in WILDCARDS else [addr]:
+                ip = ip_of(concrete)
+                if ip is not None and ip not in ips:
+                    ips.append(ip)
+        return ips
+
+    def connections(self) -> list[dict[str, Any]]:
+        """Every live connection, for /status: the peer, where it is, who dialled, and whether it is relayed."""
+        found = []
+        for peer, conns in list(self.host.get_network().connections.items()):
+            for conn in conns:
+                try:
+                    addrs = [str(a) for a in conn.get_transport_addresses()]
+                    relayed = conn.get_connection_type().name == "RELAYED"
+                except Exception:  # a connection closing under us
+                    addrs, relayed = [], False
+                direction = getattr(conn, "direction", None)
+                found.append(
+                    {
+                        "peerId": peer.to_base58(),
+                        "addrs": addrs,
+                        "direction": getattr(direction, "name", str(direction)).lower() if direction else "unknown",
+                        "relayed": relayed,
+                    }
+                )
+        return found
+
 
 @asynccontextmanager
 async def _listening(host: IHost, listen_addrs: list[multiaddr.Multiaddr]) -> AsyncIterator[None]:
@@ -231,13 +338,17 @@ async def _stop_auto_connector(host: IHost) -> None:
 
 
 @asynccontextmanager
-async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncIterator[P2PHost]:
+async def open_host(
+    identity: NodeIdentity, listen: Sequence[str], *, announce: Sequence[str] = ()
+) -> AsyncIterator[P2PHost]:
     """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close.
 
-    Raises `ListenError` for an address it cannot listen on, before anything is started."""
+    `announce` replaces the addresses the node tells peers (see `transports.addresses`). Raises `ListenError` for
+    an address it cannot listen on, or `AddressError` for a bad announce address, before anything is started."""
     listen_addrs = [parse_listen_addr(a) for a in listen]
     for maddr in listen_addrs:
         probe_port_free(maddr)
+    book = AddressBook([parse_announce_addr(a) for a in announce])
     host = new_host(
         key_pair=identity.libp2p_keypair(),
         sec_opt=noise_only(identity),
@@ -246,11 +357,15 @@ async def open_host(identity: NodeIdentity, listen: Sequence[str]) -> AsyncItera
         enable_mDNS=False,
         enable_upnp=False,
         listen_addrs=listen_addrs,
+        addrs_factory=book,
     )
+    install_circuit_aware_addrs(host)
+    # Our bootstrap keeper owns the backoff between attempts; libp2p's own three retries would only stack on it.
+    host.get_network().retry_config = RetryConfig(max_retries=0)  # type: ignore[attr-defined]
     async with _listening(host, listen_addrs):
         await _stop_auto_connector(host)
         try:
-            yield P2PHost(host)
+            yield P2PHost(host, addresses=book)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await host.close()

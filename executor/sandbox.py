@@ -34,7 +34,7 @@ import trio
 
 from executor.bootstrap import encode_payload, new_nonce
 from executor.container_config import NODE_LABEL, build_container_config
-from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
+from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits, QueueReason
 from executor.output import AttachDemuxer
 from executor.policy import ExecutorPolicy
 
@@ -168,13 +168,16 @@ class DockerSandbox:
             container_id, raw = await trio.to_thread.run_sync(self._start_blocking, limits, role)
         return StartedContainer(container_id, limits, trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw)
 
-    async def run(self, request: ExecRequest, limits: Limits, *, source: ContainerSource | None = None) -> ExecResult:
+    async def run(
+        self, request: ExecRequest | PreparedRequest, limits: Limits, *, source: ContainerSource | None = None
+    ) -> ExecResult:
         """Run `request` with already clamped `limits`, in a pooled container from `source` if it has one."""
         started_at = trio.current_time()
         nonce = new_nonce()
-        payload = encode_request(request, self.policy, nonce)
-        if isinstance(payload, ExecResult):
-            return payload
+        prepared = prepare_request(request, self.policy)
+        if isinstance(prepared, ExecResult):
+            return prepared
+        payload = encode_payload(prepared.language, prepared.code, prepared.input_json, nonce)
         # A pooled container passed the health check when it was made (the pool checks before each start),
         # so the hot path asks the daemon nothing before the task is sent.
         started = source.take(limits) if source is not None else None
@@ -375,26 +378,37 @@ async def _abandonable_thread(fn: Callable[[], T]) -> T:
     return cast(T, await run_sync(fn, abandon_on_cancel=True))
 
 
-def prepare_request(request: ExecRequest, policy: ExecutorPolicy) -> tuple[bytes, bytes] | ExecResult:
-    """(code, input JSON) as bytes within the policy's sizes, or the result explaining why not."""
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request whose sizes were checked: code and input as the bytes that travel into the sandbox."""
+
+    language: Language
+    code: bytes
+    input_json: bytes
+
+
+def prepare_request(request: ExecRequest | PreparedRequest, policy: ExecutorPolicy) -> PreparedRequest | ExecResult:
+    """The request as bytes within the policy's sizes, or the result explaining why not.
+
+    The code's length is judged before it is encoded (a str never encodes to fewer bytes than it has
+    characters), and before anything parses it.
+    """
+    if isinstance(request, PreparedRequest):
+        return request
+    if len(request.code) > policy.max_code_bytes:
+        return _rejected(f"code is {len(request.code)} characters, more than {policy.max_code_bytes} bytes")
     code = request.code.encode("utf-8", errors="surrogatepass")
-    try:
-        input_json = json.dumps(request.input, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        return _rejected(f"input is not JSON data: {exc}")
     if len(code) > policy.max_code_bytes:
         return _rejected(f"code is {len(code)} bytes, more than {policy.max_code_bytes}")
+    try:
+        input_json = json.dumps(request.input, allow_nan=False).encode("utf-8")
+    except RecursionError:
+        return _rejected("input nests too deeply to encode as JSON")
+    except (TypeError, ValueError) as exc:
+        return _rejected(f"input is not JSON data: {exc}")
     if len(input_json) > policy.max_input_bytes:
         return _rejected(f"input is {len(input_json)} bytes of JSON, more than {policy.max_input_bytes}")
-    return code, input_json
-
-
-def encode_request(request: ExecRequest, policy: ExecutorPolicy, nonce: str) -> bytes | ExecResult:
-    """The stdin payload of a run (see executor/bootstrap.py), or the result explaining why there is none."""
-    prepared = prepare_request(request, policy)
-    if isinstance(prepared, ExecResult):
-        return prepared
-    return encode_payload(request.language, *prepared, nonce)
+    return PreparedRequest(request.language, code, input_json)
 
 
 def _own_socket(attached: Any) -> socket.socket:

@@ -73,6 +73,8 @@ class Executor:
         self._waiting = 0
         self._closing = False
         self._runs: set[trio.CancelScope] = set()
+        self._no_runs = trio.Event()
+        self._no_runs.set()
 
     @classmethod
     @asynccontextmanager
@@ -90,6 +92,7 @@ class Executor:
         """
         policy = policy or ExecutorPolicy.from_env()
         checker = SubsetChecker() if policy.subset_check else None
+        sandbox: DockerSandbox | None = None
         try:
             if checker is not None:
                 await checker.start()
@@ -108,9 +111,15 @@ class Executor:
                     with trio.CancelScope(shield=True):
                         executor._closing = True
                         executor.abort_all()
+                        # Aborted runs kill their containers (bounded by the kill's own timeout) before the
+                        # connections to the daemon close.
+                        await executor._all_runs_ended()
                         await warm.close()
                 # The nursery now waits for the removals still pending.
         finally:
+            # After the nursery: no removal is left to use the daemon connections.
+            if sandbox is not None:
+                sandbox.close()
             if checker is not None:
                 await checker.aclose()
 
@@ -150,6 +159,7 @@ class Executor:
         finally:
             self._waiting -= 1
         self._in_flight += 1
+        self._no_runs = trio.Event() if self._no_runs.is_set() else self._no_runs
         try:
             with trio.CancelScope() as run_scope:
                 self._runs.add(run_scope)
@@ -164,6 +174,11 @@ class Executor:
             self._runs.discard(run_scope)
             self._in_flight -= 1
             self._slots.release()
+            if self._in_flight == 0:
+                self._no_runs.set()
+
+    async def _all_runs_ended(self) -> None:
+        await self._no_runs.wait()
 
     def abort_all(self) -> None:
         """Abort every run in flight: containers are killed and removed, results say `aborted`."""

@@ -5,8 +5,10 @@ send the bootstrap payload over the attach socket, read the multiplexed output t
 wait for the exit status, inspect for the OOM flag only when the status is not 0, and remove the container.
 Pooled and cold runs share every step after the container is started, so their results are the same.
 
-The docker SDK blocks, so its calls run in worker threads (`trio.to_thread`): create+attach+start is one call,
-wait is one, inspect only on failure, and removal happens in the owner's nursery after the result is returned.
+The docker SDK blocks, so its calls run in worker threads through the executor's own `DockerApi` (its own
+limiter, a client per call in flight, a timeout on every request; executor/docker_api.py): create+attach+start is
+one call, wait is one, inspect only on failure, and removal happens in the owner's nursery after the result is
+returned.
 The attach socket itself is handed to Trio, so sending and reading are ordinary cancellable Trio I/O.
 
 Nothing here raises for a run that went wrong: a timeout, a cancellation by the executor, an OOM kill or a daemon
@@ -16,15 +18,12 @@ shielded scope) and propagates, as Trio expects.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import socket
 import ssl
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -35,16 +34,14 @@ import trio
 from executor.bootstrap import encode_payload, new_nonce
 from executor.container_config import NODE_LABEL, build_container_config
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits, QueueReason
+from executor.docker_api import API_TIMEOUT_S, DockerApi
 from executor.output import AttachDemuxer
 from executor.policy import ExecutorPolicy
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 ROLE_LABEL = "edgecoder.role"
 TIMEOUT_EXIT_CODE = 124
-# Requests to the daemon are bounded too: a daemon that stops answering must not hold a run forever.
-API_TIMEOUT_S = 20
 # A positive health check is trusted this long; any daemon error during a run forgets it at once.
 HEALTH_TTL_S = 10.0
 ACCEPTED_IMAGE_USERS = ("65534", "65534:65534")
@@ -112,19 +109,24 @@ class DockerSandbox:
     ) -> None:
         self.policy = policy
         self.node_label = node_label
-        self._base_url = base_url
         # Finished containers are removed in this nursery, after the result has been returned. Without one,
         # removal happens before `run` returns.
         self._background = background
-        self._api: docker.APIClient | None = None
-        self._api_lock = threading.Lock()
+        self.docker = DockerApi(base_url)
         self._healthy_until = -math.inf
         self.pending_removals = 0
+
+    def close(self) -> None:
+        """Close the connections to the daemon (the owner calls this once its removals are done)."""
+        self.docker.close()
 
     # -- health ---------------------------------------------------------------------------------------------
 
     async def health(self) -> SandboxHealth:
-        health = await trio.to_thread.run_sync(self._health_blocking)
+        try:
+            health = await self.docker.call(self._health_blocking)
+        except DOCKER_ERRORS as exc:  # no client could even be made (no daemon to ask the version of)
+            health = SandboxHealth(False, "daemon_unreachable", f"cannot reach the Docker daemon: {exc}")
         self._healthy_until = trio.current_time() + HEALTH_TTL_S if health.ok else -math.inf
         return health
 
@@ -165,7 +167,7 @@ class DockerSandbox:
         Shielded: a container that exists must reach our hands, or it would leak when a cancel lands mid-call.
         """
         with trio.CancelScope(shield=True):
-            container_id, raw = await trio.to_thread.run_sync(self._start_blocking, limits, role)
+            container_id, raw = await self.docker.call(lambda api: self._start_blocking(api, limits, role))
         return StartedContainer(container_id, limits, trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw)
 
     async def run(
@@ -197,7 +199,15 @@ class DockerSandbox:
     ) -> ExecResult:
         container_id = started.container_id
         output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap, nonce=nonce)
-        wait = functools.partial(self._wait_blocking, container_id)
+
+        async def wait() -> int:
+            # Abandoned at the deadline; bounded by its own timeout (the SDK's default is none at all).
+            remaining = max(0.0, started_at + limits.timeout_ms / 1000 - trio.current_time())
+            timeout = remaining + API_TIMEOUT_S
+            return await self.docker.call(
+                lambda api: self._wait_blocking(api, container_id, timeout), abandon_on_cancel=True
+            )
+
         try:
             with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
                 await started.stream.send_all(payload)
@@ -206,19 +216,19 @@ class DockerSandbox:
                 if output.exit_status is None:
                     # No trailer: the supervisor itself died (OOM, kill). The daemon has the status.
                     output.finish()
-                    status = await _abandonable_thread(wait)
+                    status = await wait()
                 else:
                     status = output.exit_status
                     if status != 0:
                         # Let the container finish, so the daemon has processed any OOM event before inspect.
-                        await _abandonable_thread(wait)
+                        await wait()
             if deadline.cancelled_caught:
                 with trio.CancelScope(shield=True):
                     await self._kill(container_id)
                 return _result(output, started_at, exit_code=TIMEOUT_EXIT_CODE, kind=ErrorKind.TIMEOUT)
             if status == 0:
                 return _result(output, started_at, exit_code=0, kind=None)
-            oom_killed = await trio.to_thread.run_sync(self._oom_killed_blocking, container_id)
+            oom_killed = await self.docker.call(lambda api: self._oom_killed_blocking(api, container_id))
             kind = ErrorKind.MEMORY_EXCEEDED if oom_killed else ErrorKind.EXECUTION_FAILED
             return _result(output, started_at, exit_code=status, kind=kind)
         except trio.Cancelled:
@@ -262,7 +272,7 @@ class DockerSandbox:
 
     async def remove_labelled(self, labels: dict[str, str]) -> int:
         """Remove every container (any state) carrying all `labels`. Returns how many were removed."""
-        return await trio.to_thread.run_sync(self._remove_labelled_blocking, labels)
+        return await self.docker.call(lambda api: self._remove_labelled_blocking(api, labels))
 
     async def _remove(self, container_id: str) -> None:
         self.pending_removals += 1
@@ -270,7 +280,7 @@ class DockerSandbox:
             # Shielded: the owner's nursery may be cancelled (an exception, Ctrl-C) with removals still queued, and
             # a removal is bounded anyway (API_TIMEOUT_S).
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._remove_blocking, container_id)
+                await self.docker.call(lambda api: self._remove_blocking(api, container_id))
         except DOCKER_ERRORS as exc:
             # Left for the labelled sweep at the next start-up.
             log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))
@@ -279,24 +289,14 @@ class DockerSandbox:
 
     async def _kill(self, container_id: str) -> None:
         try:
-            await trio.to_thread.run_sync(self._kill_blocking, container_id)
+            await self.docker.call(lambda api: self._kill_blocking(api, container_id))
         except DOCKER_ERRORS as exc:
             log.warning("sandbox.kill_failed", container=container_id[:12], error=repr(exc))
 
     # -- blocking SDK calls, always in worker threads --------------------------------------------------------
 
-    def _client(self) -> docker.APIClient:
-        with self._api_lock:
-            if self._api is None:
-                if self._base_url is not None:
-                    self._api = docker.APIClient(base_url=self._base_url, timeout=API_TIMEOUT_S)
-                else:
-                    self._api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=API_TIMEOUT_S)
-            return self._api
-
-    def _health_blocking(self) -> SandboxHealth:
+    def _health_blocking(self, api: docker.APIClient) -> SandboxHealth:
         try:
-            api = self._client()
             api.ping()
         except DOCKER_ERRORS as exc:
             return SandboxHealth(False, "daemon_unreachable", f"cannot reach the Docker daemon: {exc}")
@@ -312,24 +312,26 @@ class DockerSandbox:
             return SandboxHealth(False, "image_user", f"image {image} runs as {user or 'root'!r}, not 65534:65534")
         return SandboxHealth(True, "ok", f"image {image} ({str(info.get('Id', ''))[:19]}) user {user}")
 
-    def _start_blocking(self, limits: Limits, role: str) -> tuple[str, socket.socket]:
+    def _start_blocking(self, api: docker.APIClient, limits: Limits, role: str) -> tuple[str, socket.socket]:
         try:
             config = build_container_config(limits, self.policy, labels={NODE_LABEL: self.node_label, ROLE_LABEL: role})
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"bad sandbox configuration: {exc}") from exc
         try:
-            api = self._client()
             container_id: str = api.create_container(**config)["Id"]
         except DOCKER_ERRORS as exc:
             raise SandboxUnavailable(f"cannot create a container: {exc}") from exc
+        raw: socket.socket | None = None
         try:
             # Attach before start, so not one byte of output can be missed.
             attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw = _own_socket(attached)
             api.start(container_id)
         except BaseException as exc:
+            if raw is not None:
+                raw.close()
             try:
-                self._remove_blocking(container_id)
+                self._remove_blocking(api, container_id)
             except DOCKER_ERRORS:
                 pass
             if isinstance(exc, DOCKER_ERRORS):
@@ -337,45 +339,35 @@ class DockerSandbox:
             raise
         return container_id, raw
 
-    def _wait_blocking(self, container_id: str) -> int:
-        return int(self._client().wait(container_id)["StatusCode"])
+    def _wait_blocking(self, api: docker.APIClient, container_id: str, timeout: float) -> int:
+        return int(api.wait(container_id, timeout=timeout)["StatusCode"])
 
-    def _oom_killed_blocking(self, container_id: str) -> bool:
-        state = self._client().inspect_container(container_id).get("State") or {}
+    def _oom_killed_blocking(self, api: docker.APIClient, container_id: str) -> bool:
+        state = api.inspect_container(container_id).get("State") or {}
         return bool(state.get("OOMKilled"))
 
-    def _kill_blocking(self, container_id: str) -> None:
+    def _kill_blocking(self, api: docker.APIClient, container_id: str) -> None:
         try:
-            self._client().kill(container_id)
+            api.kill(container_id)
         except docker.errors.APIError as exc:
             if exc.status_code not in (404, 409):  # already gone, or no longer running: both fine
                 raise
 
-    def _remove_blocking(self, container_id: str) -> None:
+    def _remove_blocking(self, api: docker.APIClient, container_id: str) -> None:
         try:
-            self._client().remove_container(container_id, force=True)
+            api.remove_container(container_id, force=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
 
-    def _remove_labelled_blocking(self, labels: dict[str, str]) -> int:
-        api = self._client()
+    def _remove_labelled_blocking(self, api: docker.APIClient, labels: dict[str, str]) -> int:
         filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
         found = api.containers(all=True, filters=filters)
         for container in found:
-            self._remove_blocking(container["Id"])
+            self._remove_blocking(api, container["Id"])
         return len(found)
-
-
-async def _abandonable_thread(fn: Callable[[], T]) -> T:
-    """`trio.to_thread.run_sync(fn, abandon_on_cancel=True)`: a cancel returns at once, the thread finishes alone.
-
-    The stale trio-stubs package (pulled in by libp2p) predates the `abandon_on_cancel` name, hence the Any.
-    """
-    run_sync: Any = trio.to_thread.run_sync
-    return cast(T, await run_sync(fn, abandon_on_cancel=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,12 +406,13 @@ def prepare_request(request: ExecRequest | PreparedRequest, policy: ExecutorPoli
 def _own_socket(attached: Any) -> socket.socket:
     """Our own duplicate of the attach connection's socket (the SDK wraps it in a SocketIO)."""
     sock = getattr(attached, "_sock", attached)
-    if isinstance(sock, ssl.SSLSocket) or not isinstance(sock, socket.socket):
-        raise SandboxUnavailable(f"unsupported Docker transport for attach: {type(sock).__name__}")
-    duplicate = sock.dup()
-    attached.close()
-    sock.close()
-    return duplicate
+    try:
+        if isinstance(sock, ssl.SSLSocket) or not isinstance(sock, socket.socket):
+            raise SandboxUnavailable(f"unsupported Docker transport for attach: {type(sock).__name__}")
+        return sock.dup()
+    finally:
+        attached.close()
+        sock.close()
 
 
 def _elapsed_ms(started_at: float) -> int:

@@ -213,6 +213,7 @@ async def test_startup_sweeps_this_nodes_leftovers_only(docker_api: docker.APICl
             sandbox = DockerSandbox(POLICY, node_label=label)
             started = await sandbox.start(POLICY.pool_limits, role="pool")
             started.stream.socket.close()
+            sandbox.close()
         async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
             assert ex.stats().pool_ready == 0  # the sweep ran before the pool filled
             await wait_until(lambda: ex.stats().pool_ready == 1)

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import structlog
 import trio
 
 from executor.checker import SubsetChecker
@@ -41,7 +42,9 @@ from executor.contract import (
 from executor.host import run_on_host
 from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
-from executor.sandbox import DockerSandbox, PreparedRequest, SandboxHealth, prepare_request
+from executor.sandbox import DOCKER_ERRORS, DockerSandbox, PreparedRequest, SandboxHealth, prepare_request
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,7 @@ class Executor:
         self._runs: set[trio.CancelScope] = set()
         self._no_runs = trio.Event()
         self._no_runs.set()
+        self.swept = False  # the start-up sweep of dead owners' containers has finished (for tests)
 
     @classmethod
     @asynccontextmanager
@@ -101,9 +105,10 @@ class Executor:
                 size = policy.pool_size if pool_size is None else pool_size
                 warm = WarmPool(sandbox, limits=policy.pool_limits, size=size)
                 executor = cls(policy, sandbox, warm, checker)
+                # Every executor, a one-off `exec` too, sweeps what dead owners left; in the background, so the
+                # first run does not wait for it. It never touches a living owner's containers.
+                nursery.start_soon(executor._sweep)
                 if warm.size:
-                    with trio.CancelScope(shield=True):
-                        await warm.sweep_leftovers()
                     await nursery.start(warm.keep_filled)
                 try:
                     yield executor
@@ -179,6 +184,17 @@ class Executor:
 
     async def _all_runs_ended(self) -> None:
         await self._no_runs.wait()
+
+    async def _sweep(self) -> None:
+        try:
+            removed = await self.sandbox.sweep_dead_owners()
+        except DOCKER_ERRORS as exc:  # no daemon at start-up is normal: runs will say sandbox_unavailable
+            log.info("executor.sweep_skipped", error=repr(exc))
+        else:
+            if removed:
+                log.info("executor.swept", removed=removed)
+        finally:
+            self.swept = True
 
     def abort_all(self) -> None:
         """Abort every run in flight: containers are killed and removed, results say `aborted`."""

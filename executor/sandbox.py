@@ -22,7 +22,9 @@ import json
 import math
 import socket
 import ssl
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import docker
@@ -32,16 +34,21 @@ import structlog
 import trio
 
 from executor.bootstrap import encode_payload, new_nonce
-from executor.container_config import NODE_LABEL, build_container_config
+from executor.container_config import MESH_LABEL, NODE_LABEL, build_container_config
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits, QueueReason
 from executor.docker_api import API_TIMEOUT_S, DockerApi
 from executor.output import AttachDemuxer
+from executor.owner import OWNER_LABEL, STOPPED_GRACE_S, Owner, this_process
 from executor.policy import ExecutorPolicy
 
 log = structlog.get_logger(__name__)
 
 ROLE_LABEL = "edgecoder.role"
 TIMEOUT_EXIT_CODE = 124
+# After a run's deadline, the kill may take this long before the result is returned anyway; after a failed
+# status, the OOM check this long. Both keep a run within its timeout + 2 s.
+KILL_GRACE_S = 1.5
+STATUS_GRACE_S = 1.5
 # A positive health check is trusted this long; any daemon error during a run forgets it at once.
 HEALTH_TTL_S = 10.0
 ACCEPTED_IMAGE_USERS = ("65534", "65534:65534")
@@ -82,6 +89,10 @@ class StartedContainer:
     limits: Limits
     stream: trio.SocketStream
     raw: socket.socket  # the same socket, for the non-blocking liveness peek
+
+    def close(self) -> None:
+        """Close our end of the attach connection (idempotent). A waiting bootstrap then ends: StdinOnce."""
+        self.stream.socket.close()
 
     def looks_alive(self) -> bool:
         """True while the attach connection is open and silent, as a waiting bootstrap's is."""
@@ -179,7 +190,7 @@ class DockerSandbox:
         prepared = prepare_request(request, self.policy)
         if isinstance(prepared, ExecResult):
             return prepared
-        payload = encode_payload(prepared.language, prepared.code, prepared.input_json, nonce)
+        payload = encode_payload(prepared.language, prepared.code, prepared.input_json, limits.timeout_ms, nonce)
         # A pooled container passed the health check when it was made (the pool checks before each start),
         # so the hot path asks the daemon nothing before the task is sent.
         started = source.take(limits) if source is not None else None
@@ -199,53 +210,79 @@ class DockerSandbox:
     ) -> ExecResult:
         container_id = started.container_id
         output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap, nonce=nonce)
-
-        async def wait() -> int:
-            # Abandoned at the deadline; bounded by its own timeout (the SDK's default is none at all).
-            remaining = max(0.0, started_at + limits.timeout_ms / 1000 - trio.current_time())
-            timeout = remaining + API_TIMEOUT_S
-            return await self.docker.call(
-                lambda api: self._wait_blocking(api, container_id, timeout), abandon_on_cancel=True
-            )
-
+        status_from_docker = False
         try:
             with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
                 await started.stream.send_all(payload)
                 while output.exit_status is None and (data := await started.stream.receive_some(RECV_CHUNK)):
                     output.feed(data)
                 if output.exit_status is None:
-                    # No trailer: the supervisor itself died (OOM, kill). The daemon has the status.
-                    output.finish()
-                    status = await wait()
+                    # End of stream without both trailers: the supervisor itself was killed (OOM, the daemon).
+                    # Docker has the status.
+                    status = await self._wait(container_id, timeout=limits.timeout_ms / 1000 + API_TIMEOUT_S)
+                    status_from_docker = True
                 else:
                     status = output.exit_status
-                    if status != 0:
-                        # Let the container finish, so the daemon has processed any OOM event before inspect.
-                        await wait()
+            # Our end of the attach closes before anything else is asked of the daemon: a socket that is open and
+            # no longer read blocks dockerd's copy of the output, and with it kill and inspect (a 3 s run under an
+            # output flood took 23 s).
+            started.close()
+            output.finish()  # bytes held back as a possible trailer are output after all
             if deadline.cancelled_caught:
-                with trio.CancelScope(shield=True):
-                    await self._kill(container_id)
+                await self._kill_within(container_id)
                 return _result(output, started_at, exit_code=TIMEOUT_EXIT_CODE, kind=ErrorKind.TIMEOUT)
             if status == 0:
                 return _result(output, started_at, exit_code=0, kind=None)
-            oom_killed = await self.docker.call(lambda api: self._oom_killed_blocking(api, container_id))
+            oom_killed = await self._oom_killed(container_id, ended=status_from_docker)
             kind = ErrorKind.MEMORY_EXCEEDED if oom_killed else ErrorKind.EXECUTION_FAILED
             return _result(output, started_at, exit_code=status, kind=kind)
         except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._kill(container_id)
+            started.close()
+            await self._kill_within(container_id)
             raise
         except LOST_CONTAINER_ERRORS as exc:
             self._healthy_until = -math.inf
-            with trio.CancelScope(shield=True):
-                await self._kill(container_id)
+            started.close()
+            await self._kill_within(container_id)
             log.warning("sandbox.lost", container=container_id[:12], error=repr(exc))
             output.finish()
             partial = _unavailable(f"lost the container mid-run: {exc!r}", started_at)
             return partial.replace(stdout=output.stdout.text(), stdout_truncated=output.stdout.truncated)
         finally:
-            started.stream.socket.close()
+            started.close()
             await self.dispose(container_id)
+
+    async def _wait(self, container_id: str, *, timeout: float) -> int:
+        """The container's exit status. Abandoned on cancellation; bounded by `timeout` either way."""
+        return await self.docker.call(
+            lambda api: self._wait_blocking(api, container_id, timeout), abandon_on_cancel=True
+        )
+
+    async def _oom_killed(self, container_id: str, *, ended: bool) -> bool:
+        """Whether the daemon saw an OOM kill; False when it cannot say within STATUS_GRACE_S."""
+        with trio.move_on_after(STATUS_GRACE_S):
+            if not ended:
+                # The container ends right after its trailer; once it has, the daemon has processed any OOM event.
+                await self._wait(container_id, timeout=STATUS_GRACE_S)
+            return await self.docker.call(
+                lambda api: self._oom_killed_blocking(api, container_id), abandon_on_cancel=True
+            )
+        log.warning("sandbox.status_slow", container=container_id[:12], grace_s=STATUS_GRACE_S)
+        return False
+
+    async def _kill_within(self, container_id: str) -> None:
+        """Kill the container, waiting at most KILL_GRACE_S (shielded: it runs on cancellation too). Never raises.
+
+        A kill that takes longer goes on alone, bounded by its own API timeout; the removal that follows in the
+        background uses force and gets there either way.
+        """
+        with trio.CancelScope(shield=True), trio.move_on_after(KILL_GRACE_S) as grace:
+            try:
+                await self.docker.call(lambda api: self._kill_blocking(api, container_id), abandon_on_cancel=True)
+            except DOCKER_ERRORS as exc:
+                log.warning("sandbox.kill_failed", container=container_id[:12], error=repr(exc))
+        if grace.cancelled_caught:
+            log.warning("sandbox.kill_slow", container=container_id[:12], grace_s=KILL_GRACE_S)
 
     @property
     def has_background(self) -> bool:
@@ -270,9 +307,13 @@ class DockerSandbox:
         with trio.CancelScope(shield=True):
             await self._remove(container_id)
 
-    async def remove_labelled(self, labels: dict[str, str]) -> int:
-        """Remove every container (any state) carrying all `labels`. Returns how many were removed."""
-        return await self.docker.call(lambda api: self._remove_labelled_blocking(api, labels))
+    async def sweep_dead_owners(self) -> int:
+        """Schedule the removal of every edgecoder container whose owner is dead (executor/owner.py), whichever
+        node label it carries. Returns how many. Raises the daemon's errors: the caller decides what they mean."""
+        doomed = await self.docker.call(self._doomed_blocking)
+        for container_id in doomed:
+            await self.dispose(container_id)
+        return len(doomed)
 
     async def _remove(self, container_id: str) -> None:
         self.pending_removals += 1
@@ -286,12 +327,6 @@ class DockerSandbox:
             log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))
         finally:
             self.pending_removals -= 1
-
-    async def _kill(self, container_id: str) -> None:
-        try:
-            await self.docker.call(lambda api: self._kill_blocking(api, container_id))
-        except DOCKER_ERRORS as exc:
-            log.warning("sandbox.kill_failed", container=container_id[:12], error=repr(exc))
 
     # -- blocking SDK calls, always in worker threads --------------------------------------------------------
 
@@ -314,7 +349,8 @@ class DockerSandbox:
 
     def _start_blocking(self, api: docker.APIClient, limits: Limits, role: str) -> tuple[str, socket.socket]:
         try:
-            config = build_container_config(limits, self.policy, labels={NODE_LABEL: self.node_label, ROLE_LABEL: role})
+            labels = {NODE_LABEL: self.node_label, ROLE_LABEL: role, OWNER_LABEL: this_process().label}
+            config = build_container_config(limits, self.policy, labels=labels)
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"bad sandbox configuration: {exc}") from exc
         try:
@@ -362,12 +398,32 @@ class DockerSandbox:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
 
-    def _remove_labelled_blocking(self, api: docker.APIClient, labels: dict[str, str]) -> int:
-        filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
-        found = api.containers(all=True, filters=filters)
-        for container in found:
-            self._remove_blocking(api, container["Id"])
-        return len(found)
+    def _doomed_blocking(self, api: docker.APIClient) -> list[str]:
+        here = this_process()
+        now = time.time()
+        doomed = []
+        for container in api.containers(all=True, filters={"label": f"{MESH_LABEL}=1"}):
+            owner = Owner.parse((container.get("Labels") or {}).get(OWNER_LABEL))
+            alive = None if owner is None else owner.alive(here)
+            if alive is False or (
+                # An owner that cannot be judged from here: only what has been stopped for a while.
+                alive is None
+                and container.get("State") in ("created", "exited", "dead")
+                and now - self._stopped_at_blocking(api, container) > STOPPED_GRACE_S
+            ):
+                doomed.append(container["Id"])
+        return doomed
+
+    def _stopped_at_blocking(self, api: docker.APIClient, container: dict[str, Any]) -> float:
+        if container.get("State") == "created":  # never started
+            return float(container.get("Created") or 0)
+        try:
+            finished = (api.inspect_container(container["Id"]).get("State") or {}).get("FinishedAt") or ""
+            return datetime.fromisoformat(finished).timestamp()
+        except docker.errors.NotFound:  # its owner removed it meanwhile: nothing to sweep
+            return math.inf
+        except ValueError:
+            return float(container.get("Created") or 0)
 
 
 @dataclass(frozen=True, slots=True)

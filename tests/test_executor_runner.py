@@ -16,7 +16,6 @@ import trio
 from executor.contract import SANDBOX_REQUIRED, ErrorKind, ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
-from executor.sandbox import DockerSandbox
 from tests.conftest import containers_of
 
 POLICY = ExecutorPolicy(pool_size=0)
@@ -202,27 +201,6 @@ async def test_limits_other_than_the_pools_run_cold(docker_api: docker.APIClient
         result = await ex.run_code(ExecRequest("python", code, None, Limits(2000, 96, 0.5)))
         assert ex.stats().pool_ready == 1
     assert result.stdout.strip() == str(96 << 20)
-
-
-@pytest.mark.docker
-async def test_startup_sweeps_this_nodes_leftovers_only(docker_api: docker.APIClient, node_label: str) -> None:
-    other = node_label + "-other"
-    try:
-        # Leftovers of a "crashed" run of this node, and one of another node.
-        for label in (node_label, other):
-            sandbox = DockerSandbox(POLICY, node_label=label)
-            started = await sandbox.start(POLICY.pool_limits, role="pool")
-            started.stream.socket.close()
-            sandbox.close()
-        async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
-            assert ex.stats().pool_ready == 0  # the sweep ran before the pool filled
-            await wait_until(lambda: ex.stats().pool_ready == 1)
-            mine = containers_of(docker_api, node_label)
-            assert len(mine) == 1 and mine[0]["Labels"]["edgecoder.role"] == "pool"
-        assert len(containers_of(docker_api, other)) == 1
-    finally:
-        for container in containers_of(docker_api, other):
-            docker_api.remove_container(container["Id"], force=True)
 
 
 NO_DAEMON = "unix:///nonexistent.sock"

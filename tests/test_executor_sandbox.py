@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import resource
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import pytest
 import trio
 
 from executor.bootstrap import BOOTSTRAP_FAILED
+from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits
 from executor.docker_api import API_TIMEOUT_S
 from executor.policy import ExecutorPolicy
@@ -85,7 +87,9 @@ async def test_identity_capabilities_and_no_new_privileges(docker_api: docker.AP
         " status['CapPrm'].strip(), status['NoNewPrivs'].strip())"
     )
     result = await run_inside(node_label, code)
-    assert result.stdout.split() == ["65534"] * 4 + ["0000000000000000", "0000000000000000", "1"]
+    uid, *rest = result.stdout.split()
+    assert SANDBOX_UID_BASE <= int(uid) < SANDBOX_UID_BASE + SANDBOX_UID_COUNT
+    assert rest == [uid] * 3 + ["0000000000000000", "0000000000000000", "1"]
     assert_nothing_left(docker_api, node_label)
 
 
@@ -96,7 +100,13 @@ async def test_canary_passes_on_the_hardened_config(docker_api: docker.APIClient
     assert health.ok, health
     assert canary.ok, canary
     seen = json.loads(canary.detail)
-    assert (seen["interfaces"], seen["uid"], seen["gid"], seen["root_read_only"]) == (["lo"], 65534, 65534, True)
+    assert (seen["interfaces"], seen["gid"], seen["groups"], seen["root_read_only"]) == (
+        ["lo"],
+        seen["uid"],
+        [seen["uid"]],
+        True,
+    )
+    assert SANDBOX_UID_BASE <= seen["uid"] < SANDBOX_UID_BASE + SANDBOX_UID_COUNT
     assert_nothing_left(docker_api, node_label)
 
 
@@ -424,3 +434,184 @@ def a_cold_program_runs(api: docker.APIClient, label: str) -> bool:
 
 def assert_nothing_left_but_the_pool(api: docker.APIClient, label: str) -> None:
     assert [c for c in containers_of(api, label) if c["Labels"].get("edgecoder.role") != "pool"] == []
+
+
+# -- the shipped seccomp profile, and what is masked ------------------------------------------------------------
+
+SYSCALL_PROBE = r"""
+import ctypes, errno, json, mmap, os, platform, socket
+libc = ctypes.CDLL(None, use_errno=True)
+NUMBERS = {
+    "x86_64": {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323,
+               "memfd_create": 319, "memfd_secret": 447, "ptrace": 101, "process_vm_readv": 310,
+               "process_vm_writev": 311, "pidfd_getfd": 438, "kcmp": 312},
+    "aarch64": {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282,
+                "memfd_create": 279, "memfd_secret": 447, "ptrace": 117, "process_vm_readv": 270,
+                "process_vm_writev": 271, "pidfd_getfd": 438, "kcmp": 272},
+}[platform.machine()]
+seen = {}
+for name, number in NUMBERS.items():
+    # Arguments that the kernel itself would accept or refuse with EINVAL/EFAULT/EBADF, never EPERM.
+    buffer = ctypes.create_string_buffer(256)
+    result = libc.syscall(number, 1, buffer, 0, 0, 0, 0)
+    seen[name] = "allowed" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+def socket_of(family):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        return "allowed"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+seen["socket(AF_VSOCK)"] = socket_of(40)  # created only, never connected
+seen["socket(AF_ALG)"] = socket_of(38)
+seen["socket(AF_UNIX)"] = socket_of(socket.AF_UNIX)
+seen["socket(AF_INET)"] = socket_of(socket.AF_INET)
+if platform.machine() == "x86_64":
+    # socket(AF_VSOCK) through the 32-bit socketcall multiplexer (int 0x80), whose arguments seccomp cannot see,
+    # from machine code in an executable mapping: in a child, since a denied architecture may kill it (SIGSYS).
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    page = libc.mmap(None, 4096, 7, 0x02 | 0x20 | 0x40, -1, 0)  # RWX, private, anonymous, below 2 GiB
+    args = page + 2048
+    ctypes.memmove(args, (ctypes.c_uint32 * 3)(40, 1, 0), 12)
+    code = (b"\x53\xb8" + (102).to_bytes(4, "little") + b"\xbb" + (1).to_bytes(4, "little")
+            + b"\xb9" + args.to_bytes(4, "little") + b"\xcd\x80\x5b\xc3")
+    ctypes.memmove(page, code, len(code))
+    child = os.fork()
+    if child == 0:
+        result = ctypes.CFUNCTYPE(ctypes.c_int)(page)()
+        os._exit(0 if result >= 0 else min(-result, 120))
+    status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    seen["i386 socketcall(AF_VSOCK)"] = "allowed" if status == 0 else (
+        f"killed by signal {-status}" if status < 0 else errno.errorcode[status])
+print(json.dumps(seen))
+"""
+
+
+async def test_the_shipped_seccomp_profile_denies_from_inside(docker_api: docker.APIClient, node_label: str) -> None:
+    result = await run_inside(node_label, SYSCALL_PROBE)
+    assert result.ok, result.stderr
+    seen = json.loads(result.stdout)
+    allowed = {"socket(AF_UNIX)", "socket(AF_INET)"}
+    assert {name for name, outcome in seen.items() if outcome == "allowed"} == allowed, seen
+    denied = {name: outcome for name, outcome in seen.items() if name not in allowed}
+    # EPERM is seccomp's answer (defaultErrnoRet 1); a syscall of a denied architecture kills with SIGSYS.
+    assert set(denied.values()) <= {"EPERM", "killed by signal 31"}, denied
+    assert_nothing_left(docker_api, node_label)
+
+
+MEMFD_EXEC = """
+import os
+try:
+    fd = os.memfd_create("elf")
+except PermissionError:
+    print("memfd_create denied")
+else:
+    os.write(fd, open("/bin/true", "rb").read())  # bytes of the program's choosing, in memory only
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execv(f"/proc/self/fd/{fd}", ["true"])
+        finally:
+            os._exit(100)
+    print("executed" if os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0 else "not executed")
+"""
+
+
+async def test_a_native_elf_cannot_run_from_memory(docker_api: docker.APIClient, node_label: str) -> None:
+    """/tmp is noexec, but an ELF written to a memfd ran: memfd_create is denied by the shipped profile."""
+    result = await run_inside(node_label, MEMFD_EXEC)
+    assert (result.ok, result.stdout) == (True, "memfd_create denied\n"), result.stderr
+    assert_nothing_left(docker_api, node_label)
+
+
+MASK_PROBE = """
+import json, os
+def look(path):
+    if os.path.isdir(path):
+        return sorted(os.listdir(path))
+    try:
+        return open(path, "rb").read(200).decode(errors="replace")
+    except OSError as exc:
+        return exc.strerror
+paths = ["/proc/kallsyms", "/proc/cmdline", "/proc/sys/kernel/random/boot_id", "/proc/kcore", "/proc/keys",
+         "/proc/timer_list", "/sys/firmware", "/sys/kernel", "/sys/module", "/sys/devices/virtual/dmi"]
+print(json.dumps({path: look(path) for path in paths} | {"net": sorted(os.listdir("/sys/class/net"))}))
+"""
+
+
+async def test_what_the_container_does_not_need_is_masked(docker_api: docker.APIClient, node_label: str) -> None:
+    host_boot_id = Path("/proc/sys/kernel/random/boot_id").read_text()
+    result = await run_inside(node_label, MASK_PROBE)
+    assert result.ok, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen.pop("net") == ["lo"]  # what the canary reads stays readable
+    # A masked file reads as empty (/dev/null is mounted on it), a masked directory lists nothing; a path this
+    # kernel does not have (/proc/kcore here) stays absent.
+    assert {path: value for path, value in seen.items() if value not in ("", [], "No such file or directory")} == {}
+    assert host_boot_id not in result.stdout
+    assert_nothing_left(docker_api, node_label)
+
+
+async def test_resolv_conf_carries_nothing_of_the_hosts(docker_api: docker.APIClient, node_label: str) -> None:
+    host = [line.split() for line in Path("/etc/resolv.conf").read_text().splitlines() if line.strip()]
+    host_values = {word for words in host if words[0] in ("nameserver", "search", "domain") for word in words[1:]}
+    result = await run_inside(node_label, "print(open('/etc/resolv.conf').read(), end='')")
+    assert result.ok, result.stderr
+    inside = result.stdout.split()
+    assert host_values and not host_values & set(inside), (host_values, result.stdout)
+    assert result.stdout == "nameserver 127.0.0.1\noptions ndots:1\n"
+    assert_nothing_left(docker_api, node_label)
+
+
+# -- isolation from other sandboxes -------------------------------------------------------------------------------
+
+INOTIFY_HOG = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while (fd := libc.inotify_init1(0)) >= 0:
+    held.append(fd)
+libc.prctl(15, b"inotify-hog", 0, 0, 0)  # PR_SET_NAME: the host's readiness signal
+time.sleep(60)
+"""
+INOTIFY_ONE = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+print("created" if libc.inotify_init1(0) >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def a_hog_holds_its_inotify_instances() -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "inotify-hog":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+async def test_one_sandbox_cannot_exhaust_per_user_limits_of_another(
+    docker_api: docker.APIClient, node_label: str
+) -> None:
+    """Every sandbox ran as uid 65534, and per-uid limits (128 inotify instances) were shared between them."""
+    async with executor(node_label, max_concurrent=2) as ex, trio.open_nursery() as nursery:
+        nursery.start_soon(ex.run_code, ExecRequest("python", INOTIFY_HOG, limits=Limits(timeout_ms=20_000)))
+        await wait_until(a_hog_holds_its_inotify_instances, timeout_s=20)
+        other = await ex.run_code(ExecRequest("python", INOTIFY_ONE))
+        ex.abort_all()
+    assert (other.ok, other.stdout) == (True, "created\n"), other.stderr
+    assert_nothing_left(docker_api, node_label)
+
+
+async def test_every_sandbox_has_a_uid_of_its_own(docker_api: docker.APIClient, node_label: str) -> None:
+    code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups())"
+    async with executor(node_label, max_concurrent=2) as ex:
+        results = [await ex.run_code(ExecRequest("python", code)) for _ in range(3)]
+    identities = [r.stdout.strip().split(maxsplit=2) for r in results]
+    assert all(r.ok for r in results), [r.stderr for r in results]
+    uids = [int(uid) for uid, _, _ in identities]
+    assert len(set(uids)) == 3
+    assert all(SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_COUNT for uid in uids), uids
+    assert all(gid == uid and groups == f"[{uid}]" for uid, gid, groups in identities), identities
+    assert_nothing_left(docker_api, node_label)

@@ -197,7 +197,12 @@ async def test_pool_is_refilled_and_emptied_on_close(docker_api: docker.APIClien
 async def test_limits_other_than_the_pools_run_cold(docker_api: docker.APIClient, node_label: str) -> None:
     async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
         await wait_until(lambda: ex.stats().pool_ready == 1)
-        code = "print(open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read())"
+        # cgroup v1 (this host) has the limit in memory/memory.limit_in_bytes, cgroup v2 in memory.max.
+        code = (
+            "import os\n"
+            "v1, v2 = '/sys/fs/cgroup/memory/memory.limit_in_bytes', '/sys/fs/cgroup/memory.max'\n"
+            "print(open(v1 if os.path.exists(v1) else v2).read())"
+        )
         result = await ex.run_code(ExecRequest("python", code, None, Limits(2000, 96, 0.5)))
         assert ex.stats().pool_ready == 1
     assert result.stdout.strip() == str(96 << 20)

@@ -1,8 +1,9 @@
 """The language subset a remote task may use: hygiene in front of the container, never the boundary.
 
-The container is the boundary (no network, read-only root, no capabilities, uid 65534, limits). This check only
-refuses, early and cheaply, code that plainly reaches for what a mesh task has no business doing, so that such
-offers are queued for the cloud with a clear reason instead of failing in odd ways inside the sandbox. It is a
+The container is the boundary (no network, read-only root, no capabilities, a uid of its own, seccomp, limits).
+This check only refuses, early and cheaply, code that plainly reaches for what a mesh task has no business doing,
+so that such offers are queued for the cloud with a clear reason instead of failing in odd ways inside the
+sandbox. It is a
 denylist and can be evaded by a determined author (string building, getattr chains); that is acceptable only
 because the container does not depend on it.
 

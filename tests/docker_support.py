@@ -31,7 +31,7 @@ EXECUTOR_PROCESS = """
 import sys, trio
 from executor.contract import ExecRequest, Limits
 from executor.policy import ExecutorPolicy
-from executor.runner import Executor, run_code
+from executor.runner import Executor
 
 label, pool_size, timeout_ms, code = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,8 +17,10 @@ BOOTSTRAP_COMMAND_PREFIX = ["python3", "-I", "-S", "-c"]
 UID = SANDBOX_UID_BASE + 12345
 
 
-def config_of(policy: ExecutorPolicy | None = None, limits: Limits | None = None, **labels: str) -> dict:
-    return build_container_config(limits or Limits(), policy or ExecutorPolicy(), labels=labels, uid=UID)
+def config_of(
+    policy: ExecutorPolicy | None = None, limits: Limits | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return build_container_config(limits or Limits(), policy or ExecutorPolicy(), labels=labels or {}, uid=UID)
 
 
 def test_every_field_is_pinned() -> None:
@@ -98,7 +101,7 @@ def test_the_shipped_profile_is_what_derive_promises() -> None:
         {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 41, "op": "SCMP_CMP_LT"}]},
     ],
 )
-def test_check_refuses_a_profile_with_a_loophole(loophole: dict) -> None:
+def test_check_refuses_a_profile_with_a_loophole(loophole: dict[str, Any]) -> None:
     profile = seccomp.load()
     profile["syscalls"].append(loophole)
     with pytest.raises(ValueError):
@@ -125,7 +128,7 @@ def test_no_mount_of_any_kind() -> None:
 
 
 def test_mesh_label_cannot_be_overridden_by_the_node() -> None:
-    config = config_of(**{"edgecoder.mesh": "0"})
+    config = config_of(labels={"edgecoder.mesh": "0"})
     assert config["labels"]["edgecoder.mesh"] == "1"
 
 

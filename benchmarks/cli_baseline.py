@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import Any
 
-from executor.container_config import build_container_config
+from executor.container_config import SANDBOX_UID_BASE, build_container_config
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
 
@@ -35,9 +35,14 @@ def print_figures(figures: dict[str, tuple[float, float]]) -> None:
 
 
 def cli_command(policy: ExecutorPolicy) -> list[str]:
-    """`docker run --rm` with the image and every flag of the node's containers, read from its config."""
-    config = build_container_config(policy.clamp(Limits(timeout_ms=5000)), policy, labels={})
+    """`docker run --rm` with the image and every flag of the node's containers, read from its config.
+
+    MaskedPaths and ReadonlyPaths have no CLI flag: the baseline keeps Docker's own defaults for them.
+    """
+    config = build_container_config(policy.clamp(Limits(timeout_ms=5000)), policy, labels={}, uid=SANDBOX_UID_BASE)
     host: dict[str, Any] = dict(config["host_config"])
+    host.pop("MaskedPaths")
+    host.pop("ReadonlyPaths")
     flags = [
         f"--network={host.pop('NetworkMode')}",
         f"--memory={host.pop('Memory')}b",
@@ -51,7 +56,14 @@ def cli_command(policy: ExecutorPolicy) -> list[str]:
     if host.pop("ReadonlyRootfs"):
         flags.append("--read-only")
     flags += [f"--cap-drop={cap}" for cap in host.pop("CapDrop")]
-    flags += [f"--security-opt={opt}" for opt in host.pop("SecurityOpt")]
+    # The CLI reads the seccomp profile from a file: the policy's path, not the JSON text the API is sent.
+    flags += [
+        f"--security-opt=seccomp={policy.seccomp_profile}" if opt.startswith("seccomp=") else f"--security-opt={opt}"
+        for opt in host.pop("SecurityOpt")
+    ]
+    flags += [f"--dns={server}" for server in host.pop("Dns", [])]
+    flags += [f"--dns-search={domain}" for domain in host.pop("DnsSearch", [])]
+    flags += [f"--dns-option={option}" for option in host.pop("DnsOptions", [])]
     flags += [f"--tmpfs={path}:{options}" for path, options in host.pop("Tmpfs").items()]
     flags += [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in host.pop("Ulimits")]
     assert not host, f"container_config sets flags this baseline does not translate: {sorted(host)}"

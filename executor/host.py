@@ -39,7 +39,7 @@ import trio
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
 from executor.output import BoundedBuffer
 from executor.policy import ExecutorPolicy
-from executor.sandbox import TIMEOUT_EXIT_CODE, prepare_request
+from executor.sandbox import TIMEOUT_EXIT_CODE, PreparedRequest, prepare_request
 
 NOFILE = 256
 FSIZE_BYTES = 64 * 1024 * 1024
@@ -77,28 +77,28 @@ def _preexec(pairs: list[tuple[int, int]]) -> Callable[[], None]:
     return apply
 
 
-async def run_on_host(request: ExecRequest, limits: Limits, policy: ExecutorPolicy) -> ExecResult:
+async def run_on_host(request: ExecRequest | PreparedRequest, limits: Limits, policy: ExecutorPolicy) -> ExecResult:
     """Run `request` with already clamped `limits` as a host subprocess. Never raises for a failed run."""
     started_at = trio.current_time()
     prepared = prepare_request(request, policy)
     if isinstance(prepared, ExecResult):
         return prepared
-    code, input_json = prepared
+    code, input_json = prepared.code, prepared.input_json
     workdir = tempfile.mkdtemp(prefix="edgecoder-host-")
     try:
-        extension = "py" if request.language == "python" else "js"
+        extension = "py" if prepared.language == "python" else "js"
         program = os.path.join(workdir, f"main.{extension}")
         with open(program, "wb") as handle:
             handle.write(code)
-        command = host_command(request.language, program)
+        command = host_command(prepared.language, program)
         if command is None:
             return ExecResult(
                 ok=False,
-                stderr=f"no interpreter for {request.language} on this host",
+                stderr=f"no interpreter for {prepared.language} on this host",
                 error_kind=ErrorKind.EXECUTION_FAILED,
             )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "LANG": "C.UTF-8"}
-        rlimits = rlimits_for(request.language, limits)
+        rlimits = rlimits_for(prepared.language, limits)
         return await _supervise(command, env, workdir, input_json, rlimits, limits, policy, started_at)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -11,13 +11,14 @@ There is no container registry to pull from, so the image is a Debian bookworm `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
@@ -51,13 +52,13 @@ def image_present(tag: str, *, client: docker.APIClient | None = None) -> bool:
 
 def image_user(tag: str, *, client: docker.APIClient | None = None) -> str | None:
     """The image's configured USER, or None when the image is absent (or has no USER at all)."""
-    api = client or _api()
-    try:
-        info = api.inspect_image(tag)
-    except docker.errors.ImageNotFound:
-        return None
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise ImageError(f"cannot inspect image {tag}: {exc}") from exc
+    with _client(client) as api:
+        try:
+            info = api.inspect_image(tag)
+        except docker.errors.ImageNotFound:
+            return None
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise ImageError(f"cannot inspect image {tag}: {exc}") from exc
     user = (info.get("Config") or {}).get("User")
     return user or None
 
@@ -75,13 +76,13 @@ def build_image(
         _bootstrap_tarball(tarball, progress)
     else:
         progress(f"using cached root file system {tarball}")
-    api = client or _api()
     progress(f"importing {tarball} as {tag}")
-    try:
-        api.import_image(src=str(tarball), repository=tag, changes=[f"USER {SANDBOX_USER}", "WORKDIR /tmp"])
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise ImageError(f"cannot import the image into Docker: {exc}") from exc
-    user = image_user(tag, client=api)
+    with _client(client) as api:
+        try:
+            api.import_image(src=str(tarball), repository=tag, changes=[f"USER {SANDBOX_USER}", "WORKDIR /tmp"])
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise ImageError(f"cannot import the image into Docker: {exc}") from exc
+        user = image_user(tag, client=api)
     if user != SANDBOX_USER:
         raise ImageError(f"imported image {tag} has user {user!r}, expected {SANDBOX_USER}")
     progress(f"built {tag} (user {user})")
@@ -143,20 +144,30 @@ def _run_streaming(command: list[str], progress: Callable[[str], None]) -> None:
 
 
 def _image_exists(tag: str, client: docker.APIClient | None) -> bool:
-    try:
-        (client or _api()).inspect_image(tag)
-    except docker.errors.ImageNotFound:
-        return False
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise ImageError(f"cannot inspect image {tag}: {exc}") from exc
+    with _client(client) as api:
+        try:
+            api.inspect_image(tag)
+        except docker.errors.ImageNotFound:
+            return False
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise ImageError(f"cannot inspect image {tag}: {exc}") from exc
     return True
 
 
-def _api() -> docker.APIClient:
+@contextlib.contextmanager
+def _client(given: docker.APIClient | None) -> Iterator[docker.APIClient]:
+    """The caller's client, or one of our own that is closed afterwards."""
+    if given is not None:
+        yield given
+        return
     try:
-        return docker.APIClient(**docker.utils.kwargs_from_env())
+        api = docker.APIClient(**docker.utils.kwargs_from_env())
     except docker.errors.DockerException as exc:
         raise ImageError(f"cannot reach the Docker daemon: {exc}") from exc
+    try:
+        yield api
+    finally:
+        api.close()
 
 
 def main(argv: list[str] | None = None) -> int:

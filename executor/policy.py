@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from executor.contract import Limits
+from executor.seccomp import PROFILE_PATH
 
 DEFAULT_IMAGE = "edgecoder-sandbox:bookworm"
 
@@ -28,8 +29,9 @@ class ExecutorPolicy:
     subset_check: bool = True
     stdout_cap: int = 65_536
     stderr_cap: int = 65_536
-    # Path of a seccomp profile (JSON). It REPLACES Docker's default profile, so derive it from that one.
-    seccomp_profile: str | None = None
+    # Path of the seccomp profile (JSON): the shipped one (executor/seccomp.py) unless SANDBOX_SECCOMP_PROFILE names
+    # another. It REPLACES Docker's default profile, so derive any other from that one. None: the daemon's default.
+    seccomp_profile: str | None = str(PROFILE_PATH)
     max_concurrent: int = 2
     max_waiting: int = 16
     pool_size: int = 2
@@ -63,7 +65,7 @@ class ExecutorPolicy:
         return cls(
             image=env.get("EDGECODER_IMAGE") or DEFAULT_IMAGE,
             subset_check=env.get("EDGECODER_SUBSET_CHECK", "1").strip() != "0",
-            seccomp_profile=env.get("SANDBOX_SECCOMP_PROFILE") or None,
+            seccomp_profile=env.get("SANDBOX_SECCOMP_PROFILE") or str(PROFILE_PATH),
         )
 
 

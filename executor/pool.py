@@ -1,8 +1,8 @@
 """WarmPool: a few started containers, each waiting on stdin for exactly one task, never reused.
 
 Reuse would let one task leave something (a file in /tmp, a process) for the next. A container that has run a
-task is removed; the pool refills in the owner's nursery. Every container carries the node's label, so a node
-that crashed can sweep what it left (`sweep_leftovers`) at its next start-up.
+task is removed; the pool refills in the owner's nursery. A waiting container ends by itself when its owner's
+attach connection closes, and whatever a dead owner left is swept by the next executor (executor/owner.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 import structlog
 import trio
 
-from executor.container_config import MESH_LABEL, NODE_LABEL
 from executor.contract import Limits
 from executor.sandbox import DockerSandbox, SandboxUnavailable, StartedContainer
 
@@ -53,7 +52,7 @@ class WarmPool:
             if container.looks_alive():
                 return container
             # Died while waiting (daemon restart, external removal): never hand it out.
-            container.stream.socket.close()
+            container.close()
             self._discard(container)
         return None
 
@@ -96,26 +95,8 @@ class WarmPool:
             async with trio.open_nursery() as nursery:
                 while self._ready:
                     container = self._ready.popleft()
-                    container.stream.socket.close()
+                    container.close()
                     nursery.start_soon(self._sandbox.dispose, container.container_id)
-
-    async def sweep_leftovers(self) -> int:
-        """Remove containers a previous run of this node left (same node label), in any state."""
-        return await self._sweep({MESH_LABEL: "1", NODE_LABEL: self._sandbox.node_label})
-
-    async def sweep_all(self) -> int:
-        """Remove every edgecoder container on the daemon, whichever node made it. For operators, not tests."""
-        return await self._sweep({MESH_LABEL: "1"})
-
-    async def _sweep(self, labels: dict[str, str]) -> int:
-        try:
-            removed = await self._sandbox.remove_labelled(labels)
-        except Exception as exc:  # no daemon at start-up is normal; the pool simply stays empty
-            log.info("pool.sweep_skipped", error=repr(exc))
-            return 0
-        if removed:
-            log.info("pool.swept", removed=removed, labels=labels)
-        return removed
 
     def _discard(self, container: StartedContainer) -> None:
         # take() is synchronous, so the removal goes to the owner's nursery.

@@ -6,14 +6,16 @@
 The order of decisions for a run is fixed, and every refusal happens before anything is started:
 
 1. a remote task may never run on the host (`sandbox_required_for_remote_task`): no process, no container;
-2. remote code outside the subset is refused (`outside_subset`), as hygiene, when the policy says so;
-3. limits are clamped into the policy;
-4. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
-5. the run itself: pooled when the clamped memory and cpus match the pool's, cold otherwise.
+2. sizes: code and JSON input within the policy's bounds, judged before anything parses them;
+3. code outside the subset is refused (`outside_subset`), as hygiene, when the policy says so. The check runs in
+   the checker process (executor/checker.py), never on the Trio thread;
+4. limits are clamped into the policy;
+5. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
+6. the run itself: pooled when the clamped memory and cpus match the pool's, cold otherwise.
 
 The executor owns a nursery: the pool refill and the removal of finished containers live there, and leaving the
-`async with` aborts runs still in flight (their results say `aborted`), removes idle pool containers and waits
-for pending removals.
+`async with` aborts runs still in flight (their results say `aborted`), removes idle pool containers, ends the
+checker process and waits for pending removals.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import structlog
 import trio
 
+from executor.checker import SubsetChecker
 from executor.contract import (
     LANGUAGES,
     SANDBOX_REQUIRED,
@@ -38,8 +42,9 @@ from executor.contract import (
 from executor.host import run_on_host
 from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
-from executor.sandbox import DockerSandbox, SandboxHealth
-from executor.subset import check_subset
+from executor.sandbox import DOCKER_ERRORS, DockerSandbox, PreparedRequest, SandboxHealth, prepare_request
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +64,21 @@ class ExecutorStats:
 
 
 class Executor:
-    def __init__(self, policy: ExecutorPolicy, sandbox: DockerSandbox, pool: WarmPool) -> None:
+    def __init__(
+        self, policy: ExecutorPolicy, sandbox: DockerSandbox, pool: WarmPool, checker: SubsetChecker | None
+    ) -> None:
         self.policy = policy
         self.sandbox = sandbox
         self.pool = pool
+        self.checker = checker  # None when the policy switches the subset check off
         self._slots = trio.CapacityLimiter(policy.max_concurrent)
         self._in_flight = 0
         self._waiting = 0
         self._closing = False
         self._runs: set[trio.CancelScope] = set()
+        self._no_runs = trio.Event()
+        self._no_runs.set()
+        self.swept = False  # the start-up sweep of dead owners' containers has finished (for tests)
 
     @classmethod
     @asynccontextmanager
@@ -84,23 +95,38 @@ class Executor:
         `pool_size` overrides the policy's (0: no pool, every run cold); `docker_base_url` overrides DOCKER_HOST.
         """
         policy = policy or ExecutorPolicy.from_env()
-        async with trio.open_nursery() as nursery:
-            sandbox = DockerSandbox(policy, node_label=node_label, base_url=docker_base_url, background=nursery)
-            size = policy.pool_size if pool_size is None else pool_size
-            warm = WarmPool(sandbox, limits=policy.pool_limits, size=size)
-            executor = cls(policy, sandbox, warm)
-            if warm.size:
-                with trio.CancelScope(shield=True):
-                    await warm.sweep_leftovers()
-                await nursery.start(warm.keep_filled)
-            try:
-                yield executor
-            finally:
-                with trio.CancelScope(shield=True):
-                    executor._closing = True
-                    executor.abort_all()
-                    await warm.close()
-            # The nursery now waits for the removals still pending.
+        checker = SubsetChecker() if policy.subset_check else None
+        sandbox: DockerSandbox | None = None
+        try:
+            if checker is not None:
+                await checker.start()
+            async with trio.open_nursery() as nursery:
+                sandbox = DockerSandbox(policy, node_label=node_label, base_url=docker_base_url, background=nursery)
+                size = policy.pool_size if pool_size is None else pool_size
+                warm = WarmPool(sandbox, limits=policy.pool_limits, size=size)
+                executor = cls(policy, sandbox, warm, checker)
+                # Every executor, a one-off `exec` too, sweeps what dead owners left; in the background, so the
+                # first run does not wait for it. It never touches a living owner's containers.
+                nursery.start_soon(executor._sweep)
+                if warm.size:
+                    await nursery.start(warm.keep_filled)
+                try:
+                    yield executor
+                finally:
+                    with trio.CancelScope(shield=True):
+                        executor._closing = True
+                        executor.abort_all()
+                        # Aborted runs kill their containers (bounded by the kill's own timeout) before the
+                        # connections to the daemon close.
+                        await executor._all_runs_ended()
+                        await warm.close()
+                # The nursery now waits for the removals still pending.
+        finally:
+            # After the nursery: no removal is left to use the daemon connections.
+            if sandbox is not None:
+                sandbox.close()
+            if checker is not None:
+                await checker.aclose()
 
     async def run_code(self, request: ExecRequest, *, sandbox: str = "docker", origin: str = "remote") -> ExecResult:
         if sandbox == "host" and origin != "local":
@@ -109,10 +135,13 @@ class Executor:
             return _invalid(f"unknown sandbox {sandbox!r} or origin {origin!r}")
         if request.language not in LANGUAGES:
             return _invalid(f"unsupported language {request.language!r}")
+        prepared = prepare_request(request, self.policy)
+        if isinstance(prepared, ExecResult):
+            return prepared
         # Hygiene for every run while the policy asks for it: remote offers by default, and the local user until
         # they pass `--no-subset`. Never the boundary: the container is.
-        if self.policy.subset_check:
-            violation = check_subset(request.language, request.code)
+        if self.checker is not None:
+            violation = await self.checker.check(request.language, request.code)
             if violation is not None:
                 where = "" if violation.line is None else f" (line {violation.line})"
                 return refusal(
@@ -125,9 +154,9 @@ class Executor:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
-        return await self._admitted(request, limits, on_host=sandbox == "host")
+        return await self._admitted(prepared, limits, on_host=sandbox == "host")
 
-    async def _admitted(self, request: ExecRequest, limits: Limits, *, on_host: bool) -> ExecResult:
+    async def _admitted(self, request: PreparedRequest, limits: Limits, *, on_host: bool) -> ExecResult:
         started_at = trio.current_time()
         self._waiting += 1
         try:
@@ -135,6 +164,7 @@ class Executor:
         finally:
             self._waiting -= 1
         self._in_flight += 1
+        self._no_runs = trio.Event() if self._no_runs.is_set() else self._no_runs
         try:
             with trio.CancelScope() as run_scope:
                 self._runs.add(run_scope)
@@ -149,6 +179,22 @@ class Executor:
             self._runs.discard(run_scope)
             self._in_flight -= 1
             self._slots.release()
+            if self._in_flight == 0:
+                self._no_runs.set()
+
+    async def _all_runs_ended(self) -> None:
+        await self._no_runs.wait()
+
+    async def _sweep(self) -> None:
+        try:
+            removed = await self.sandbox.sweep_dead_owners()
+        except DOCKER_ERRORS as exc:  # no daemon at start-up is normal: runs will say sandbox_unavailable
+            log.info("executor.sweep_skipped", error=repr(exc))
+        else:
+            if removed:
+                log.info("executor.swept", removed=removed)
+        finally:
+            self.swept = True
 
     def abort_all(self) -> None:
         """Abort every run in flight: containers are killed and removed, results say `aborted`."""

@@ -5,8 +5,10 @@ send the bootstrap payload over the attach socket, read the multiplexed output t
 wait for the exit status, inspect for the OOM flag only when the status is not 0, and remove the container.
 Pooled and cold runs share every step after the container is started, so their results are the same.
 
-The docker SDK blocks, so its calls run in worker threads (`trio.to_thread`): create+attach+start is one call,
-wait is one, inspect only on failure, and removal happens in the owner's nursery after the result is returned.
+The docker SDK blocks, so its calls run in worker threads through the executor's own `DockerApi` (its own
+limiter, a client per call in flight, a timeout on every request; executor/docker_api.py): create+attach+start is
+one call, wait is one, inspect only on failure, and removal happens in the owner's nursery after the result is
+returned.
 The attach socket itself is handed to Trio, so sending and reading are ordinary cancellable Trio I/O.
 
 Nothing here raises for a run that went wrong: a timeout, a cancellation by the executor, an OOM kill or a daemon
@@ -16,15 +18,15 @@ shielded scope) and propagates, as Trio expects.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+import secrets
 import socket
 import ssl
-import threading
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
+from datetime import datetime
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -33,18 +35,27 @@ import structlog
 import trio
 
 from executor.bootstrap import encode_payload, new_nonce
-from executor.container_config import NODE_LABEL, build_container_config
-from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
+from executor.container_config import (
+    MESH_LABEL,
+    NODE_LABEL,
+    SANDBOX_UID_BASE,
+    SANDBOX_UID_COUNT,
+    build_container_config,
+)
+from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits, QueueReason
+from executor.docker_api import API_TIMEOUT_S, DockerApi
 from executor.output import AttachDemuxer
+from executor.owner import OWNER_LABEL, STOPPED_GRACE_S, Owner, this_process
 from executor.policy import ExecutorPolicy
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 ROLE_LABEL = "edgecoder.role"
 TIMEOUT_EXIT_CODE = 124
-# Requests to the daemon are bounded too: a daemon that stops answering must not hold a run forever.
-API_TIMEOUT_S = 20
+# After a run's deadline, the kill may take this long before the result is returned anyway; after a failed
+# status, the OOM check this long. Both keep a run within its timeout + 2 s.
+KILL_GRACE_S = 1.5
+STATUS_GRACE_S = 1.5
 # A positive health check is trusted this long; any daemon error during a run forgets it at once.
 HEALTH_TTL_S = 10.0
 ACCEPTED_IMAGE_USERS = ("65534", "65534:65534")
@@ -86,6 +97,10 @@ class StartedContainer:
     stream: trio.SocketStream
     raw: socket.socket  # the same socket, for the non-blocking liveness peek
 
+    def close(self) -> None:
+        """Close our end of the attach connection (idempotent). A waiting bootstrap then ends: StdinOnce."""
+        self.stream.socket.close()
+
     def looks_alive(self) -> bool:
         """True while the attach connection is open and silent, as a waiting bootstrap's is."""
         try:
@@ -112,19 +127,24 @@ class DockerSandbox:
     ) -> None:
         self.policy = policy
         self.node_label = node_label
-        self._base_url = base_url
         # Finished containers are removed in this nursery, after the result has been returned. Without one,
         # removal happens before `run` returns.
         self._background = background
-        self._api: docker.APIClient | None = None
-        self._api_lock = threading.Lock()
+        self.docker = DockerApi(base_url)
         self._healthy_until = -math.inf
         self.pending_removals = 0
+
+    def close(self) -> None:
+        """Close the connections to the daemon (the owner calls this once its removals are done)."""
+        self.docker.close()
 
     # -- health ---------------------------------------------------------------------------------------------
 
     async def health(self) -> SandboxHealth:
-        health = await trio.to_thread.run_sync(self._health_blocking)
+        try:
+            health = await self.docker.call(self._health_blocking)
+        except DOCKER_ERRORS as exc:  # no client could even be made (no daemon to ask the version of)
+            health = SandboxHealth(False, "daemon_unreachable", f"cannot reach the Docker daemon: {exc}")
         self._healthy_until = trio.current_time() + HEALTH_TTL_S if health.ok else -math.inf
         return health
 
@@ -134,7 +154,8 @@ class DockerSandbox:
         return await self.health()
 
     async def canary(self) -> SandboxHealth:
-        """A real run proving from inside: only `lo`, read-only root, uid/gid 65534, no capabilities."""
+        """A real run proving from inside: only `lo`, read-only root, a uid and gid of its own from the sandbox
+        range and no other group, no capabilities, no new privileges."""
         result = await self.run(ExecRequest("python", CANARY_CODE), self.policy.pool_limits)
         if not result.ok:
             return SandboxHealth(False, "canary_failed", f"{result.error_kind}: {result.stderr.strip()[-500:]}")
@@ -142,11 +163,15 @@ class DockerSandbox:
             seen = json.loads(result.stdout)
         except ValueError:
             return SandboxHealth(False, "canary_failed", f"unreadable canary output: {result.stdout[:200]!r}")
+        uid = seen.get("uid")
         expected = {
             "interfaces": ["lo"],
             "root_read_only": True,
-            "uid": 65534,
-            "gid": 65534,
+            "uid": uid
+            if isinstance(uid, int) and SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_COUNT
+            else "in range",
+            "gid": uid,
+            "groups": [uid],  # its own group only
             "cap_eff": "0000000000000000",
             "no_new_privs": "1",
         }
@@ -165,16 +190,19 @@ class DockerSandbox:
         Shielded: a container that exists must reach our hands, or it would leak when a cancel lands mid-call.
         """
         with trio.CancelScope(shield=True):
-            container_id, raw = await trio.to_thread.run_sync(self._start_blocking, limits, role)
+            container_id, raw = await self.docker.call(lambda api: self._start_blocking(api, limits, role))
         return StartedContainer(container_id, limits, trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw)
 
-    async def run(self, request: ExecRequest, limits: Limits, *, source: ContainerSource | None = None) -> ExecResult:
+    async def run(
+        self, request: ExecRequest | PreparedRequest, limits: Limits, *, source: ContainerSource | None = None
+    ) -> ExecResult:
         """Run `request` with already clamped `limits`, in a pooled container from `source` if it has one."""
         started_at = trio.current_time()
         nonce = new_nonce()
-        payload = encode_request(request, self.policy, nonce)
-        if isinstance(payload, ExecResult):
-            return payload
+        prepared = prepare_request(request, self.policy)
+        if isinstance(prepared, ExecResult):
+            return prepared
+        payload = encode_payload(prepared.language, prepared.code, prepared.input_json, limits.timeout_ms, nonce)
         # A pooled container passed the health check when it was made (the pool checks before each start),
         # so the hot path asks the daemon nothing before the task is sent.
         started = source.take(limits) if source is not None else None
@@ -194,45 +222,79 @@ class DockerSandbox:
     ) -> ExecResult:
         container_id = started.container_id
         output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap, nonce=nonce)
-        wait = functools.partial(self._wait_blocking, container_id)
+        status_from_docker = False
         try:
             with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
                 await started.stream.send_all(payload)
                 while output.exit_status is None and (data := await started.stream.receive_some(RECV_CHUNK)):
                     output.feed(data)
                 if output.exit_status is None:
-                    # No trailer: the supervisor itself died (OOM, kill). The daemon has the status.
-                    output.finish()
-                    status = await _abandonable_thread(wait)
+                    # End of stream without both trailers: the supervisor itself was killed (OOM, the daemon).
+                    # Docker has the status.
+                    status = await self._wait(container_id, timeout=limits.timeout_ms / 1000 + API_TIMEOUT_S)
+                    status_from_docker = True
                 else:
                     status = output.exit_status
-                    if status != 0:
-                        # Let the container finish, so the daemon has processed any OOM event before inspect.
-                        await _abandonable_thread(wait)
+            # Our end of the attach closes before anything else is asked of the daemon: a socket that is open and
+            # no longer read blocks dockerd's copy of the output, and with it kill and inspect (a 3 s run under an
+            # output flood took 23 s).
+            started.close()
+            output.finish()  # bytes held back as a possible trailer are output after all
             if deadline.cancelled_caught:
-                with trio.CancelScope(shield=True):
-                    await self._kill(container_id)
+                await self._kill_within(container_id)
                 return _result(output, started_at, exit_code=TIMEOUT_EXIT_CODE, kind=ErrorKind.TIMEOUT)
             if status == 0:
                 return _result(output, started_at, exit_code=0, kind=None)
-            oom_killed = await trio.to_thread.run_sync(self._oom_killed_blocking, container_id)
+            oom_killed = await self._oom_killed(container_id, ended=status_from_docker)
             kind = ErrorKind.MEMORY_EXCEEDED if oom_killed else ErrorKind.EXECUTION_FAILED
             return _result(output, started_at, exit_code=status, kind=kind)
         except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._kill(container_id)
+            started.close()
+            await self._kill_within(container_id)
             raise
         except LOST_CONTAINER_ERRORS as exc:
             self._healthy_until = -math.inf
-            with trio.CancelScope(shield=True):
-                await self._kill(container_id)
+            started.close()
+            await self._kill_within(container_id)
             log.warning("sandbox.lost", container=container_id[:12], error=repr(exc))
             output.finish()
             partial = _unavailable(f"lost the container mid-run: {exc!r}", started_at)
             return partial.replace(stdout=output.stdout.text(), stdout_truncated=output.stdout.truncated)
         finally:
-            started.stream.socket.close()
+            started.close()
             await self.dispose(container_id)
+
+    async def _wait(self, container_id: str, *, timeout: float) -> int:
+        """The container's exit status. Abandoned on cancellation; bounded by `timeout` either way."""
+        return await self.docker.call(
+            lambda api: self._wait_blocking(api, container_id, timeout), abandon_on_cancel=True
+        )
+
+    async def _oom_killed(self, container_id: str, *, ended: bool) -> bool:
+        """Whether the daemon saw an OOM kill; False when it cannot say within STATUS_GRACE_S."""
+        with trio.move_on_after(STATUS_GRACE_S):
+            if not ended:
+                # The container ends right after its trailer; once it has, the daemon has processed any OOM event.
+                await self._wait(container_id, timeout=STATUS_GRACE_S)
+            return await self.docker.call(
+                lambda api: self._oom_killed_blocking(api, container_id), abandon_on_cancel=True
+            )
+        log.warning("sandbox.status_slow", container=container_id[:12], grace_s=STATUS_GRACE_S)
+        return False
+
+    async def _kill_within(self, container_id: str) -> None:
+        """Kill the container, waiting at most KILL_GRACE_S (shielded: it runs on cancellation too). Never raises.
+
+        A kill that takes longer goes on alone, bounded by its own API timeout; the removal that follows in the
+        background uses force and gets there either way.
+        """
+        with trio.CancelScope(shield=True), trio.move_on_after(KILL_GRACE_S) as grace:
+            try:
+                await self.docker.call(lambda api: self._kill_blocking(api, container_id), abandon_on_cancel=True)
+            except DOCKER_ERRORS as exc:
+                log.warning("sandbox.kill_failed", container=container_id[:12], error=repr(exc))
+        if grace.cancelled_caught:
+            log.warning("sandbox.kill_slow", container=container_id[:12], grace_s=KILL_GRACE_S)
 
     @property
     def has_background(self) -> bool:
@@ -257,9 +319,13 @@ class DockerSandbox:
         with trio.CancelScope(shield=True):
             await self._remove(container_id)
 
-    async def remove_labelled(self, labels: dict[str, str]) -> int:
-        """Remove every container (any state) carrying all `labels`. Returns how many were removed."""
-        return await trio.to_thread.run_sync(self._remove_labelled_blocking, labels)
+    async def sweep_dead_owners(self) -> int:
+        """Schedule the removal of every edgecoder container whose owner is dead (executor/owner.py), whichever
+        node label it carries. Returns how many. Raises the daemon's errors: the caller decides what they mean."""
+        doomed = await self.docker.call(self._doomed_blocking)
+        for container_id in doomed:
+            await self.dispose(container_id)
+        return len(doomed)
 
     async def _remove(self, container_id: str) -> None:
         self.pending_removals += 1
@@ -267,33 +333,17 @@ class DockerSandbox:
             # Shielded: the owner's nursery may be cancelled (an exception, Ctrl-C) with removals still queued, and
             # a removal is bounded anyway (API_TIMEOUT_S).
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._remove_blocking, container_id)
+                await self.docker.call(lambda api: self._remove_blocking(api, container_id))
         except DOCKER_ERRORS as exc:
             # Left for the labelled sweep at the next start-up.
             log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))
         finally:
             self.pending_removals -= 1
 
-    async def _kill(self, container_id: str) -> None:
-        try:
-            await trio.to_thread.run_sync(self._kill_blocking, container_id)
-        except DOCKER_ERRORS as exc:
-            log.warning("sandbox.kill_failed", container=container_id[:12], error=repr(exc))
-
     # -- blocking SDK calls, always in worker threads --------------------------------------------------------
 
-    def _client(self) -> docker.APIClient:
-        with self._api_lock:
-            if self._api is None:
-                if self._base_url is not None:
-                    self._api = docker.APIClient(base_url=self._base_url, timeout=API_TIMEOUT_S)
-                else:
-                    self._api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=API_TIMEOUT_S)
-            return self._api
-
-    def _health_blocking(self) -> SandboxHealth:
+    def _health_blocking(self, api: docker.APIClient) -> SandboxHealth:
         try:
-            api = self._client()
             api.ping()
         except DOCKER_ERRORS as exc:
             return SandboxHealth(False, "daemon_unreachable", f"cannot reach the Docker daemon: {exc}")
@@ -309,24 +359,27 @@ class DockerSandbox:
             return SandboxHealth(False, "image_user", f"image {image} runs as {user or 'root'!r}, not 65534:65534")
         return SandboxHealth(True, "ok", f"image {image} ({str(info.get('Id', ''))[:19]}) user {user}")
 
-    def _start_blocking(self, limits: Limits, role: str) -> tuple[str, socket.socket]:
+    def _start_blocking(self, api: docker.APIClient, limits: Limits, role: str) -> tuple[str, socket.socket]:
         try:
-            config = build_container_config(limits, self.policy, labels={NODE_LABEL: self.node_label, ROLE_LABEL: role})
+            labels = {NODE_LABEL: self.node_label, ROLE_LABEL: role, OWNER_LABEL: this_process().label}
+            config = build_container_config(limits, self.policy, labels=labels, uid=self._new_uid())
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"bad sandbox configuration: {exc}") from exc
         try:
-            api = self._client()
             container_id: str = api.create_container(**config)["Id"]
         except DOCKER_ERRORS as exc:
             raise SandboxUnavailable(f"cannot create a container: {exc}") from exc
+        raw: socket.socket | None = None
         try:
             # Attach before start, so not one byte of output can be missed.
             attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw = _own_socket(attached)
             api.start(container_id)
         except BaseException as exc:
+            if raw is not None:
+                raw.close()
             try:
-                self._remove_blocking(container_id)
+                self._remove_blocking(api, container_id)
             except DOCKER_ERRORS:
                 pass
             if isinstance(exc, DOCKER_ERRORS):
@@ -334,78 +387,105 @@ class DockerSandbox:
             raise
         return container_id, raw
 
-    def _wait_blocking(self, container_id: str) -> int:
-        return int(self._client().wait(container_id)["StatusCode"])
+    def _wait_blocking(self, api: docker.APIClient, container_id: str, timeout: float) -> int:
+        return int(api.wait(container_id, timeout=timeout)["StatusCode"])
 
-    def _oom_killed_blocking(self, container_id: str) -> bool:
-        state = self._client().inspect_container(container_id).get("State") or {}
+    def _oom_killed_blocking(self, api: docker.APIClient, container_id: str) -> bool:
+        state = api.inspect_container(container_id).get("State") or {}
         return bool(state.get("OOMKilled"))
 
-    def _kill_blocking(self, container_id: str) -> None:
+    def _kill_blocking(self, api: docker.APIClient, container_id: str) -> None:
         try:
-            self._client().kill(container_id)
+            api.kill(container_id)
         except docker.errors.APIError as exc:
             if exc.status_code not in (404, 409):  # already gone, or no longer running: both fine
                 raise
 
-    def _remove_blocking(self, container_id: str) -> None:
+    def _remove_blocking(self, api: docker.APIClient, container_id: str) -> None:
         try:
-            self._client().remove_container(container_id, force=True)
+            api.remove_container(container_id, force=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
 
-    def _remove_labelled_blocking(self, labels: dict[str, str]) -> int:
-        api = self._client()
-        filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
-        found = api.containers(all=True, filters=filters)
-        for container in found:
-            self._remove_blocking(container["Id"])
-        return len(found)
+    def _new_uid(self) -> int:
+        """A uid of the sandbox range for a new container. Drawn at random: executors share no registry, and with
+        k containers alive on the daemon a draw collides with probability k / 2**20 (under 1e-5 for 10)."""
+        return SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_COUNT)
+
+    def _doomed_blocking(self, api: docker.APIClient) -> list[str]:
+        here = this_process()
+        now = time.time()
+        doomed = []
+        for container in api.containers(all=True, filters={"label": f"{MESH_LABEL}=1"}):
+            owner = Owner.parse((container.get("Labels") or {}).get(OWNER_LABEL))
+            alive = None if owner is None else owner.alive(here)
+            if alive is False or (
+                # An owner that cannot be judged from here: only what has been stopped for a while.
+                alive is None
+                and container.get("State") in ("created", "exited", "dead")
+                and now - self._stopped_at_blocking(api, container) > STOPPED_GRACE_S
+            ):
+                doomed.append(container["Id"])
+        return doomed
+
+    def _stopped_at_blocking(self, api: docker.APIClient, container: dict[str, Any]) -> float:
+        if container.get("State") == "created":  # never started
+            return float(container.get("Created") or 0)
+        try:
+            finished = (api.inspect_container(container["Id"]).get("State") or {}).get("FinishedAt") or ""
+            return datetime.fromisoformat(finished).timestamp()
+        except docker.errors.NotFound:  # its owner removed it meanwhile: nothing to sweep
+            return math.inf
+        except ValueError:
+            return float(container.get("Created") or 0)
 
 
-async def _abandonable_thread(fn: Callable[[], T]) -> T:
-    """`trio.to_thread.run_sync(fn, abandon_on_cancel=True)`: a cancel returns at once, the thread finishes alone.
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request whose sizes were checked: code and input as the bytes that travel into the sandbox."""
 
-    The stale trio-stubs package (pulled in by libp2p) predates the `abandon_on_cancel` name, hence the Any.
+    language: Language
+    code: bytes
+    input_json: bytes
+
+
+def prepare_request(request: ExecRequest | PreparedRequest, policy: ExecutorPolicy) -> PreparedRequest | ExecResult:
+    """The request as bytes within the policy's sizes, or the result explaining why not.
+
+    The code's length is judged before it is encoded (a str never encodes to fewer bytes than it has
+    characters), and before anything parses it.
     """
-    run_sync: Any = trio.to_thread.run_sync
-    return cast(T, await run_sync(fn, abandon_on_cancel=True))
-
-
-def prepare_request(request: ExecRequest, policy: ExecutorPolicy) -> tuple[bytes, bytes] | ExecResult:
-    """(code, input JSON) as bytes within the policy's sizes, or the result explaining why not."""
+    if isinstance(request, PreparedRequest):
+        return request
+    if len(request.code) > policy.max_code_bytes:
+        return _rejected(f"code is {len(request.code)} characters, more than {policy.max_code_bytes} bytes")
     code = request.code.encode("utf-8", errors="surrogatepass")
-    try:
-        input_json = json.dumps(request.input, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        return _rejected(f"input is not JSON data: {exc}")
     if len(code) > policy.max_code_bytes:
         return _rejected(f"code is {len(code)} bytes, more than {policy.max_code_bytes}")
+    try:
+        input_json = json.dumps(request.input, allow_nan=False).encode("utf-8")
+    except RecursionError:
+        return _rejected("input nests too deeply to encode as JSON")
+    except (TypeError, ValueError) as exc:
+        return _rejected(f"input is not JSON data: {exc}")
     if len(input_json) > policy.max_input_bytes:
         return _rejected(f"input is {len(input_json)} bytes of JSON, more than {policy.max_input_bytes}")
-    return code, input_json
-
-
-def encode_request(request: ExecRequest, policy: ExecutorPolicy, nonce: str) -> bytes | ExecResult:
-    """The stdin payload of a run (see executor/bootstrap.py), or the result explaining why there is none."""
-    prepared = prepare_request(request, policy)
-    if isinstance(prepared, ExecResult):
-        return prepared
-    return encode_payload(request.language, *prepared, nonce)
+    return PreparedRequest(request.language, code, input_json)
 
 
 def _own_socket(attached: Any) -> socket.socket:
     """Our own duplicate of the attach connection's socket (the SDK wraps it in a SocketIO)."""
     sock = getattr(attached, "_sock", attached)
-    if isinstance(sock, ssl.SSLSocket) or not isinstance(sock, socket.socket):
-        raise SandboxUnavailable(f"unsupported Docker transport for attach: {type(sock).__name__}")
-    duplicate = sock.dup()
-    attached.close()
-    sock.close()
-    return duplicate
+    try:
+        if isinstance(sock, ssl.SSLSocket) or not isinstance(sock, socket.socket):
+            raise SandboxUnavailable(f"unsupported Docker transport for attach: {type(sock).__name__}")
+        return sock.dup()
+    finally:
+        attached.close()
+        sock.close()
 
 
 def _elapsed_ms(started_at: float) -> int:

@@ -1,10 +1,17 @@
 """The language subset a remote task may use: hygiene in front of the container, never the boundary.
 
-The container is the boundary (no network, read-only root, no capabilities, uid 65534, limits). This check only
-refuses, early and cheaply, code that plainly reaches for what a mesh task has no business doing, so that such
-offers are queued for the cloud with a clear reason instead of failing in odd ways inside the sandbox. It is a
+The container is the boundary (no network, read-only root, no capabilities, a uid of its own, seccomp, limits).
+This check only refuses, early and cheaply, code that plainly reaches for what a mesh task has no business doing,
+so that such offers are queued for the cloud with a clear reason instead of failing in odd ways inside the
+sandbox. It is a
 denylist and can be evaded by a determined author (string building, getattr chains); that is acceptable only
 because the container does not depend on it.
+
+`check_subset` is total: it never raises. Code the parser cannot take (nesting deeper than its own guards, or more
+than it can hold) is a violation, "code nests too deeply to check" or "code too complex to check": CPython's
+compiler uses the same parser, so such code could not run anyway. The tree is walked iteratively, so a deep tree
+that did parse cannot exhaust the Python stack. The executor runs the check in a separate process with rlimits
+(executor/checker.py): parsing 128 KiB of dense code costs about 0.3 s of CPU and 130 MiB of memory.
 
 Python (AST, so strings and comments never match; a SyntaxError is not a violation: the program runs and fails
 the way Python says):
@@ -32,7 +39,14 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
+
+# A construct names what was found, and travels back to the offerer: never an echo of a whole program.
+MAX_CONSTRUCT_CHARS = 200
+TOO_DEEP = "code nests too deeply to check"
+TOO_COMPLEX = "code too complex to check"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +54,25 @@ class SubsetViolation:
     construct: str
     line: int | None
 
+    def __post_init__(self) -> None:
+        if len(self.construct) > MAX_CONSTRUCT_CHARS:
+            object.__setattr__(self, "construct", self.construct[: MAX_CONSTRUCT_CHARS - 3] + "...")
+
 
 def check_subset(language: str, code: str) -> SubsetViolation | None:
-    """The first construct outside the subset, or None. Unknown languages are violations."""
-    if language == "python":
-        return _check_python(code)
-    if language == "javascript":
-        return _check_javascript(code)
-    return SubsetViolation(f"language {language!r}", None)
+    """The first construct outside the subset, or None. Unknown languages are violations. Never raises."""
+    try:
+        if language == "python":
+            return _check_python(code)
+        if language == "javascript":
+            return _check_javascript(code)
+        return SubsetViolation(f"language {language!r}", None)
+    except RecursionError:
+        return SubsetViolation(TOO_DEEP, None)
+    except MemoryError:
+        return SubsetViolation(TOO_COMPLEX, None)
+    except Exception as exc:  # a checker bug must refuse the offer, never end the node
+        return SubsetViolation(f"code the subset check could not read ({type(exc).__name__})", None)
 
 
 # -- Python -----------------------------------------------------------------------------------------------------
@@ -131,19 +156,37 @@ def _check_python(code: str) -> SubsetViolation | None:
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
-        return None  # not a violation: it runs and fails with Python's own message
+        # Not a violation: it runs and fails with Python's own message. A null byte is a SyntaxError since 3.11.4,
+        # a ValueError before.
+        return None
+    except RecursionError:  # "maximum recursion depth exceeded during ast construction"
+        return SubsetViolation(TOO_DEEP, None)
+    except MemoryError:  # the parser's own stack guard ("too complex"), or memory really ran out
+        return SubsetViolation(TOO_COMPLEX, None)
     finder = _PythonFinder()
-    finder.visit(tree)
+    finder.walk(tree)
     if not finder.found:
         return None
     return min(finder.found, key=lambda v: v.line or 0)
 
 
-class _PythonFinder(ast.NodeVisitor):
+class _PythonFinder:
+    """Visits every node in the order of `ast.NodeVisitor` (depth first, fields in order), with a stack of its own
+    instead of recursion: a tree that parsed can still be deeper than the interpreter's recursion limit."""
+
     def __init__(self) -> None:
         self.found: list[SubsetViolation] = []
         self.module_aliases: dict[str, str] = {}  # local name -> module it is bound to (os, asyncio, ...)
         self.uses_pathlib = False
+
+    def walk(self, tree: ast.AST) -> None:
+        stack = [tree]
+        while stack:
+            node = stack.pop()
+            handler = self._HANDLERS.get(type(node))
+            if handler is not None:
+                handler(self, node)
+            stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
     def flag(self, construct: str, node: ast.AST) -> None:
         self.found.append(SubsetViolation(construct, getattr(node, "lineno", None)))
@@ -186,7 +229,6 @@ class _PythonFinder(ast.NodeVisitor):
                 self.flag(f"os.{node.attr}", node)
             elif module == "asyncio" and node.attr in _ASYNCIO_FORBIDDEN:
                 self.flag(f"asyncio.{node.attr}", node)
-        self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -201,7 +243,6 @@ class _PythonFinder(ast.NodeVisitor):
             self.flag(f"pathlib .{func.attr}()", node)
         elif isinstance(func, ast.Attribute) and func.attr == "open" and self.uses_pathlib:
             self.check_open_mode(node, mode_position=0)
-        self.generic_visit(node)
 
     def check_open_mode(self, node: ast.Call, mode_position: int = 1) -> None:
         mode: ast.expr | None = None
@@ -231,6 +272,14 @@ class _PythonFinder(ast.NodeVisitor):
         self.visit_Attribute(attribute)
         if isinstance(target, ast.Name) and target.id in ("__builtins__", "builtins"):
             self.flag(f"getattr(builtins, {name.value!r})", node)
+
+    _HANDLERS: ClassVar[dict[type[ast.AST], Callable[[_PythonFinder, Any], None]]] = {
+        ast.Import: visit_Import,
+        ast.ImportFrom: visit_ImportFrom,
+        ast.Name: visit_Name,
+        ast.Attribute: visit_Attribute,
+        ast.Call: visit_Call,
+    }
 
 
 # -- JavaScript -------------------------------------------------------------------------------------------------

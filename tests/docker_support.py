@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import trio
 
 from executor.policy import ExecutorPolicy
@@ -20,3 +23,54 @@ async def wait_pool_ready(executor: Executor, timeout: float = 30.0) -> None:
     with trio.fail_after(timeout):
         while (stats := executor.stats()).pool_ready < stats.pool_size or stats.pending_removals:
             await trio.sleep(0.02)
+
+
+# An executor in a process of its own, for tests of what happens when its owner dies. It runs one `ExecRequest`
+# (or none) and prints "ready" once the run's container is running, then waits to be killed.
+EXECUTOR_PROCESS = """
+import sys, trio
+from executor.contract import ExecRequest, Limits
+from executor.policy import ExecutorPolicy
+from executor.runner import Executor
+
+label, pool_size, timeout_ms, code = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+async def main():
+    policy = ExecutorPolicy(subset_check=False, pool_size=pool_size)
+    # 96 MiB: not the pool's limits, so the run is cold and the pool keeps its own container.
+    request = ExecRequest("python", code, limits=Limits(timeout_ms=timeout_ms, memory_mb=96))
+    async with Executor.open(policy, node_label=label) as ex, trio.open_nursery() as nursery:
+        while ex.stats().pool_ready < pool_size:
+            await trio.sleep(0.02)
+        if code:
+            nursery.start_soon(ex.run_code, request)
+            while ex.stats().runs_in_flight == 0:
+                await trio.sleep(0.02)
+        print("ready", flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def start_executor_process(label: str, *, pool_size: int, timeout_ms: int = 0, code: str = "") -> trio.Process:
+    """A child process owning an executor (see EXECUTOR_PROCESS), returned once it printed "ready"."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-c", EXECUTOR_PROCESS, label, str(pool_size), str(timeout_ms), code],
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    with trio.fail_after(60):
+        seen = b""
+        while b"ready\n" not in seen:
+            chunk = await process.stdout.receive_some(100)
+            assert chunk, f"the executor process ended before it was ready (status {await process.wait()})"
+            seen += chunk
+    return process
+
+
+async def kill_process(process: trio.Process) -> None:
+    process.kill()
+    await process.wait()
+    if process.stdout is not None:
+        await process.stdout.aclose()

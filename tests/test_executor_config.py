@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from executor.container_config import build_container_config
+from executor import seccomp
+from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT, build_container_config
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
 
 BOOTSTRAP_COMMAND_PREFIX = ["python3", "-I", "-S", "-c"]
+UID = SANDBOX_UID_BASE + 12345
+
+
+def config_of(
+    policy: ExecutorPolicy | None = None, limits: Limits | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return build_container_config(limits or Limits(), policy or ExecutorPolicy(), labels=labels or {}, uid=UID)
 
 
 def test_every_field_is_pinned() -> None:
-    config = build_container_config(Limits(5000, 128, 0.5), ExecutorPolicy(), labels={"edgecoder.node": "n1"})
+    config = build_container_config(
+        Limits(5000, 128, 0.5), ExecutorPolicy(), labels={"edgecoder.node": "n1"}, uid=SANDBOX_UID_BASE + 7
+    )
     command = config.pop("command")
     assert command[:4] == BOOTSTRAP_COMMAND_PREFIX and len(command) == 5
+    security = config["host_config"].pop("SecurityOpt")
+    assert security[0] == "no-new-privileges" and len(security) == 2
+    assert json.loads(security[1].removeprefix("seccomp=")) == seccomp.load()  # the shipped profile, as JSON text
     assert config == {
         "image": "edgecoder-sandbox:bookworm",
-        "user": "65534:65534",
+        "user": f"{SANDBOX_UID_BASE + 7}:{SANDBOX_UID_BASE + 7}",
         "working_dir": "/tmp",
         "environment": [],
         "use_config_proxy": False,
@@ -35,23 +49,86 @@ def test_every_field_is_pinned() -> None:
             "NanoCpus": 500_000_000,
             "PidsLimit": 50,
             "CapDrop": ["ALL"],
-            "SecurityOpt": ["no-new-privileges"],
             "Tmpfs": {"/tmp": "rw,noexec,nosuid,size=64m"},
             "Ulimits": [{"Name": "nofile", "Soft": 256, "Hard": 256}],
             "LogConfig": {"Type": "none", "Config": {}},
+            "MaskedPaths": [
+                "/proc/asound",
+                "/proc/acpi",
+                "/proc/kcore",
+                "/proc/keys",
+                "/proc/latency_stats",
+                "/proc/timer_list",
+                "/proc/timer_stats",
+                "/proc/sched_debug",
+                "/proc/scsi",
+                "/sys/firmware",
+                "/proc/kallsyms",
+                "/proc/cmdline",
+                "/proc/sys/kernel/random/boot_id",
+                "/sys/kernel",
+                "/sys/module",
+                "/sys/devices/virtual/dmi",
+            ],
+            "ReadonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+            "Dns": ["127.0.0.1"],
+            "DnsSearch": ["."],
+            "DnsOptions": ["ndots:1"],
         },
     }
 
 
+def test_the_uid_must_come_from_the_sandbox_range() -> None:
+    for uid in (0, 65534, SANDBOX_UID_BASE - 1, SANDBOX_UID_BASE + SANDBOX_UID_COUNT):
+        with pytest.raises(ValueError, match="sandbox range"):
+            build_container_config(Limits(), ExecutorPolicy(), labels={}, uid=uid)
+
+
+def test_the_shipped_profile_is_what_derive_promises() -> None:
+    shipped = seccomp.load()
+    seccomp.check(shipped)
+    assert seccomp.derive(shipped) == shipped  # a fixed point: nothing in it that derive would still change
+    allowed = {name for rule in shipped["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+    assert not allowed & seccomp.DENIED
+    assert {"read", "write", "execve", "clone", "mmap", "openat", "wait4"} <= allowed  # still a usable profile
+
+
+@pytest.mark.parametrize(
+    "loophole",
+    [
+        {"names": ["io_uring_setup"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["socket"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 41, "op": "SCMP_CMP_LT"}]},
+    ],
+)
+def test_check_refuses_a_profile_with_a_loophole(loophole: dict[str, Any]) -> None:
+    profile = seccomp.load()
+    profile["syscalls"].append(loophole)
+    with pytest.raises(ValueError):
+        seccomp.check(profile)
+
+
+def test_check_refuses_compat_architectures() -> None:
+    profile = seccomp.load()
+    profile["archMap"][0]["subArchitectures"] = ["SCMP_ARCH_X86"]
+    with pytest.raises(ValueError, match="compat"):
+        seccomp.check(profile)
+
+
+def test_dns_is_left_alone_when_the_network_is_allowed() -> None:
+    host = config_of(ExecutorPolicy(allow_network=True))["host_config"]
+    assert not {"Dns", "DnsSearch", "DnsOptions"} & set(host)
+
+
 def test_no_mount_of_any_kind() -> None:
-    config = build_container_config(Limits(), ExecutorPolicy(), labels={})
+    config = config_of()
     text = json.dumps(config).lower()
     for word in ("binds", "mounts", "volumes", "volumesfrom", "devices", "privileged"):
         assert f'"{word}"' not in text
 
 
 def test_mesh_label_cannot_be_overridden_by_the_node() -> None:
-    config = build_container_config(Limits(), ExecutorPolicy(), labels={"edgecoder.mesh": "0"})
+    config = config_of(labels={"edgecoder.mesh": "0"})
     assert config["labels"]["edgecoder.mesh"] == "1"
 
 
@@ -59,7 +136,7 @@ def test_seccomp_profile_travels_as_json_text_not_a_path(tmp_path: Path) -> None
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO"}]}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile, indent=2))
-    config = build_container_config(Limits(), ExecutorPolicy(seccomp_profile=str(path)), labels={})
+    config = config_of(ExecutorPolicy(seccomp_profile=str(path)))
     security = config["host_config"]["SecurityOpt"]
     assert security[0] == "no-new-privileges"
     assert security[1].startswith("seccomp=")
@@ -71,16 +148,16 @@ def test_a_broken_seccomp_profile_fails_closed(tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
     path.write_text("{not json")
     with pytest.raises(ValueError):
-        build_container_config(Limits(), ExecutorPolicy(seccomp_profile=str(path)), labels={})
+        config_of(ExecutorPolicy(seccomp_profile=str(path)))
     with pytest.raises(OSError):
-        build_container_config(Limits(), ExecutorPolicy(seccomp_profile=str(tmp_path / "absent")), labels={})
+        config_of(ExecutorPolicy(seccomp_profile=str(tmp_path / "absent")))
 
 
 def test_network_only_when_the_policy_allows_it() -> None:
-    config = build_container_config(Limits(), ExecutorPolicy(allow_network=True), labels={})
+    config = config_of(ExecutorPolicy(allow_network=True))
     assert config["host_config"]["NetworkMode"] == "default"
 
 
 def test_limits_map_to_docker_units() -> None:
-    host = build_container_config(Limits(1000, 33, 0.01), ExecutorPolicy(), labels={})["host_config"]
+    host = config_of(limits=Limits(1000, 33, 0.01))["host_config"]
     assert (host["Memory"], host["MemorySwap"], host["NanoCpus"]) == (33 << 20, 33 << 20, 10_000_000)

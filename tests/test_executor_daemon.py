@@ -6,10 +6,14 @@ sandbox and /var/run/docker.sock that the test cuts.
 
 from __future__ import annotations
 
+import collections
+import gc
 import io
+import os
 import tarfile
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import docker
@@ -114,3 +118,75 @@ async def wait_until(condition: object, timeout_s: float = 10.0) -> None:
     with trio.fail_after(timeout_s):
         while not condition():  # type: ignore[operator]
             await trio.sleep(0.02)
+
+
+def open_descriptors() -> collections.Counter[str]:
+    """This process's open file descriptors by kind: socket, pipe, anon_inode, or the file's path."""
+    kinds: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir itself used, closed meanwhile
+            continue
+        kinds[target.split(":")[0] if ":[" in target else target] += 1
+    return kinds
+
+
+@pytest.mark.docker
+async def test_executor_cycles_leave_no_socket_or_descriptor_behind(
+    docker_api: docker.APIClient, node_label: str
+) -> None:
+    async def cycle() -> None:
+        async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
+            await wait_until(lambda: ex.stats().pool_ready == 1)
+            result = await ex.run_code(ExecRequest("python", "print(1)"))
+            assert result.ok, result.stderr
+            timed_out = await ex.run_code(ExecRequest("python", "while True: pass", limits=Limits(timeout_ms=300)))
+            assert timed_out.error_kind is ErrorKind.TIMEOUT
+
+    await cycle()  # first use initialises what lives as long as the process (trio's thread cache, imports)
+    gc.collect()
+    before = open_descriptors()
+    # Whatever only the garbage collector would close is a leak: the collector is off while the cycles run, and
+    # anything it finalises afterwards says so with a ResourceWarning.
+    gc.disable()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for _ in range(10):
+                await cycle()
+            after = open_descriptors()
+            gc.collect()
+    finally:
+        gc.enable()
+    leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert after == before, f"before {dict(before)}, after 10 executor cycles {dict(after)}"
+    assert leaked == []
+    assert containers_of(docker_api, node_label) == []
+
+
+@pytest.mark.docker
+async def test_docker_calls_never_hold_trios_shared_thread_limiter(
+    docker_api: docker.APIClient, node_label: str
+) -> None:
+    """An abandoned or slow daemon call holds its limiter token until the thread ends; it must be the executor's."""
+    shared = trio.to_thread.current_default_thread_limiter()
+    most_borrowed = 0
+
+    async def watch(*, task_status: object = trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal most_borrowed
+        task_status.started()  # type: ignore[attr-defined]
+        while True:
+            most_borrowed = max(most_borrowed, shared.borrowed_tokens)
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch)
+        # No subset check: starting its process is trio's own short use of the shared limiter (Popen).
+        async with Executor.open(ExecutorPolicy(pool_size=1, subset_check=False), node_label=node_label) as ex:
+            await wait_until(lambda: ex.stats().pool_ready == 1)
+            await ex.health()
+            await ex.run_code(ExecRequest("python", "import sys\nsys.exit(3)"))
+            await ex.run_code(ExecRequest("python", "while True: pass", limits=Limits(timeout_ms=300)))
+        nursery.cancel_scope.cancel()
+    assert most_borrowed == 0

@@ -11,7 +11,7 @@ from executor.bootstrap import TRAILER_SIZE, parse_trailer
 from executor.output import FRAME_HEADER, AttachDemuxer, BoundedBuffer
 
 NONCE = "0123456789abcdef0123456789abcdef"
-TRAILER = f"EC1END:{NONCE}:042\n".encode()
+TRAILER = f"EC2END:{NONCE}:042\n".encode()
 
 
 def frame(stream: int, payload: bytes) -> bytes:
@@ -62,7 +62,7 @@ def test_trailer_in_the_same_frame_as_the_last_output_bytes() -> None:
 
 
 def test_a_trailer_with_another_nonce_is_ordinary_output() -> None:
-    forged = f"EC1END:{'f' * 32}:000\n".encode()
+    forged = f"EC2END:{'f' * 32}:000\n".encode()
     demux = AttachDemuxer(100, 100, nonce=NONCE)
     demux.feed(frame(2, forged))
     demux.finish()

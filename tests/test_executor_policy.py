@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from executor import seccomp
 from executor.contract import Limits
 from executor.policy import DEFAULT_IMAGE, MIN_CPUS, ExecutorPolicy
 
@@ -59,7 +60,7 @@ def test_defaults_match_the_design() -> None:
         True,
         65536,
         65536,
-        None,
+        str(seccomp.PROFILE_PATH),
     )
     assert (p.max_concurrent, p.max_waiting, p.pool_size) == (2, 16, 2)
     assert p.clamp(p.pool_limits) == p.pool_limits

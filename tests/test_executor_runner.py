@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import time
@@ -15,7 +16,6 @@ import trio
 from executor.contract import SANDBOX_REQUIRED, ErrorKind, ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
-from executor.sandbox import DockerSandbox
 from tests.conftest import containers_of
 
 POLICY = ExecutorPolicy(pool_size=0)
@@ -197,30 +197,86 @@ async def test_pool_is_refilled_and_emptied_on_close(docker_api: docker.APIClien
 async def test_limits_other_than_the_pools_run_cold(docker_api: docker.APIClient, node_label: str) -> None:
     async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
         await wait_until(lambda: ex.stats().pool_ready == 1)
-        code = "print(open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read())"
+        # cgroup v1 (this host) has the limit in memory/memory.limit_in_bytes, cgroup v2 in memory.max.
+        code = (
+            "import os\n"
+            "v1, v2 = '/sys/fs/cgroup/memory/memory.limit_in_bytes', '/sys/fs/cgroup/memory.max'\n"
+            "print(open(v1 if os.path.exists(v1) else v2).read())"
+        )
         result = await ex.run_code(ExecRequest("python", code, None, Limits(2000, 96, 0.5)))
         assert ex.stats().pool_ready == 1
     assert result.stdout.strip() == str(96 << 20)
 
 
-@pytest.mark.docker
-async def test_startup_sweeps_this_nodes_leftovers_only(docker_api: docker.APIClient, node_label: str) -> None:
-    other = node_label + "-other"
-    try:
-        # Leftovers of a "crashed" run of this node, and one of another node.
-        for label in (node_label, other):
-            sandbox = DockerSandbox(POLICY, node_label=label)
-            started = await sandbox.start(POLICY.pool_limits, role="pool")
-            started.stream.socket.close()
-        async with Executor.open(ExecutorPolicy(pool_size=1), node_label=node_label) as ex:
-            assert ex.stats().pool_ready == 0  # the sweep ran before the pool filled
-            await wait_until(lambda: ex.stats().pool_ready == 1)
-            mine = containers_of(docker_api, node_label)
-            assert len(mine) == 1 and mine[0]["Labels"]["edgecoder.role"] == "pool"
-        assert len(containers_of(docker_api, other)) == 1
-    finally:
-        for container in containers_of(docker_api, other):
-            docker_api.remove_container(container["Id"], force=True)
+NO_DAEMON = "unix:///nonexistent.sock"
+MESH_OFFER_CHARS = 128 * 1024
+
+
+async def test_a_trio_task_keeps_ticking_while_a_128_kib_offer_is_checked() -> None:
+    """The check ran on the Trio thread before any await: for its whole duration (0.3 s here, 1 s under load)
+    nothing else in the node ran. Now it runs in the checker process and the node's other tasks carry on."""
+    code = "x;" * (MESH_OFFER_CHARS // 2 - 16) + "\nimport socket"
+    ticks: list[float] = []
+
+    async def ticker(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            ticks.append(trio.current_time())
+            await trio.sleep(0.005)
+
+    async with (
+        Executor.open(POLICY, node_label="ticking", docker_base_url=NO_DAEMON) as ex,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(ticker)
+        began = trio.current_time()
+        result = await ex.run_code(ExecRequest("python", code))
+        ended = trio.current_time()
+        nursery.cancel_scope.cancel()
+    during = [t for t in ticks if began < t < ended]
+    longest_gap = max(b - a for a, b in itertools.pairwise([began, *during, ended]))
+    assert (result.queue_reason, result.stderr) == ("outside_subset", "outside_subset: import socket (line 2)")
+    assert len(during) >= 5, f"the ticker ran {len(during)} times during a {ended - began:.2f} s check"
+    assert longest_gap < 1.0, f"the node stood still for {longest_gap:.2f} s"
+
+
+async def test_the_nested_code_offer_is_refused_and_the_executor_keeps_serving() -> None:
+    async with Executor.open(POLICY, node_label="nested", docker_base_url=NO_DAEMON) as ex:
+        nested = await ex.run_code(ExecRequest("python", "a" + ".b" * 60000))
+        honest = await ex.run_code(ExecRequest("python", "print(6 * 7)"), sandbox="host", origin="local")
+    assert (nested.ok, nested.error_kind, nested.queue_reason) == (False, ErrorKind.SANDBOX_VIOLATION, "outside_subset")
+    assert nested.stderr == "outside_subset: code nests too deeply to check"
+    assert (honest.ok, honest.stdout) == (True, "42\n")
+
+
+async def test_sizes_are_refused_before_anything_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = replace(POLICY, max_code_bytes=1000, max_input_bytes=100)
+    parsed: list[str] = []
+    async with Executor.open(policy, node_label="sizes", docker_base_url=NO_DAEMON) as ex:
+        assert ex.checker is not None
+        real_check = ex.checker.check
+
+        async def recording_check(language: str, code: str) -> Any:
+            parsed.append(code)
+            return await real_check(language, code)
+
+        monkeypatch.setattr(ex.checker, "check", recording_check)
+        too_long = await ex.run_code(ExecRequest("python", "x;" * 100_000))
+        too_long_utf8 = await ex.run_code(ExecRequest("python", "\u2603" * 400))  # 400 characters, 1200 bytes
+        input_too_big = await ex.run_code(ExecRequest("python", "print(1)", {"xs": list(range(100))}))
+        deep: Any = []
+        for _ in range(100_000):
+            deep = [deep]
+        input_too_deep = await ex.run_code(ExecRequest("python", "print(1)", deep))
+    assert too_long.stderr == "code is 200000 characters, more than 1000 bytes"
+    assert too_long_utf8.stderr == "code is 1200 bytes, more than 1000"
+    assert input_too_big.stderr.startswith("input is ") and input_too_big.stderr.endswith(
+        "bytes of JSON, more than 100"
+    )
+    assert input_too_deep.stderr == "input nests too deeply to encode as JSON"
+    for result in (too_long, too_long_utf8, input_too_big, input_too_deep):
+        assert (result.ok, result.error_kind, result.exit_code) == (False, ErrorKind.EXECUTION_FAILED, None)
+    assert parsed == []
 
 
 async def test_unknown_language_and_non_json_input_are_results_not_exceptions() -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from executor.subset import check_subset
+from executor.subset import SubsetViolation, check_subset
+
+MAX_CONSTRUCT_CHARS = 200  # TEMP for the failing run
+
+MESH_OFFER_CHARS = 128 * 1024  # mesh/offers.py MAX_CODE_CHARS: the largest code a peer can send
 
 PY_VIOLATIONS = [
     ("eval('1')", "eval()"),
@@ -149,6 +153,70 @@ def test_unknown_language_is_a_violation() -> None:
 def test_never_raises_on_arbitrary_text(code: str) -> None:
     for language in ("python", "javascript"):
         check_subset(language, code)
+
+
+# Each of these raised out of check_subset (RecursionError from the parser or from the recursive visitor,
+# MemoryError from the parser's own stack guard) and, through Executor.run_code, ended the node.
+TOO_DEEP = {
+    "attribute chain, 120 KB": "a" + ".b" * 60000,
+    "binary operator chain, 128 KiB": "1" + "+1" * 65000,
+    "call chain": "f" + "()" * 60000,
+    "subscript chain": "x" + "[0]" * 40000,
+    "conditional expression chain": "x = " + "1 if 1 else " * 10000 + "1",
+}
+
+
+@pytest.mark.parametrize("code", TOO_DEEP.values(), ids=TOO_DEEP.keys())
+def test_code_too_deep_to_check_is_a_typed_violation(code: str) -> None:
+    violation = check_subset("python", code)
+    assert violation is not None
+    assert violation.construct in ("code nests too deeply to check", "code too complex to check")
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_checked_to_its_leaves() -> None:
+    """`1+1+...` 1500 deep parses, and the recursive visitor then raised RecursionError; now every leaf is seen."""
+    assert check_subset("python", "1" + "+1" * 1500) is None
+    violation = check_subset("python", "x = 1" + "+1" * 1500 + "+eval('2')")
+    assert violation is not None and violation.construct == "eval()"
+
+
+def test_syntax_errors_and_null_bytes_are_left_to_python() -> None:
+    """Python refuses to run these itself, with its own message; the check has nothing to add."""
+    for code in ("x = 1\0\n", "def broken(:\n", "1" * 5000):
+        assert check_subset("python", code) is None
+
+
+@pytest.mark.parametrize(
+    "code", ["import socket." + "s" * 100_000, "open('f', 'w" + "b" * 100_000 + "')"], ids=["import", "open mode"]
+)
+def test_a_violation_names_its_construct_in_bounded_text(code: str) -> None:
+    """The construct travels back to the offerer in the result's stderr: it must not echo 100 KB of their code."""
+    violation = check_subset("python", code)
+    assert violation is not None and len(violation.construct) <= MAX_CONSTRUCT_CHARS
+
+
+# Building blocks of pathological code: nesting openers and closers, operator and attribute chains, quotes,
+# template and regex starts, null bytes, and ordinary text. Repeated thousands of times they reach the mesh's
+# 128 KiB limit, the size at which the review's crashes happened.
+FRAGMENTS = st.sampled_from(
+    ["(", ")", "[", "]", "{", "}", ".b", "+1", "-", "not ", "lambda:", "1 if 1 else ", "f(", "`${", "`", "/",
+     "/*", "'", '"', "\\", "\0", "\n", " ", "    ", "x", "import os\n", "eval(", ",", ":", ";", "=>", "\ud800"]
+)  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(st.tuples(FRAGMENTS, st.integers(1, 40_000)), min_size=1, max_size=6))
+@example([("+1", 40_000)])
+@example([("x", 1), (".b", 40_000)])
+@example([("-", 40_000), ("x", 1)])
+@example([("f(", 1), ("+1", 1_500), (")", 1)])
+@example([("`${", 40_000)])
+@example([("x", 1), ("[", 30_000), ("]", 30_000)])
+def test_never_raises_on_pathological_code_up_to_the_mesh_limit(pieces: list[tuple[str, int]]) -> None:
+    code = "".join(fragment * count for fragment, count in pieces)[:MESH_OFFER_CHARS]
+    for language in ("python", "javascript"):
+        result = check_subset(language, code)
+        assert result is None or isinstance(result, SubsetViolation)
 
 
 SAFE_WORDS = st.sampled_from(["eval(1)", "require('fs')", "new Function()", "import('x')", "process.kill(1)"])

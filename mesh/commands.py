@@ -277,7 +277,7 @@ async def run_doctor() -> dict[str, Any]:
                 canary = await executor.canary()
                 checks.append(
                     {
-                        "name": "canary run (network none, read-only root, uid 65534)",
+                        "name": "canary run (network none, read-only root, a sandbox uid of its own)",
                         "ok": canary.ok,
                         "detail": canary.detail or canary.reason,
                     }

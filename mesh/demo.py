@@ -108,7 +108,7 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         seen = {h.peer_id: h.sandbox_mode for h in laptop.peers.fresh()}
         print(f"  the laptop sees {len(seen)} heartbeats; no-sandbox reports sandboxMode={seen.get(refuser.peer_id)}")
 
-        print("\nOffers that run (each in a fresh container: no network, read-only root, uid 65534):")
+        print("\nOffers that run (each in a fresh container: no network, read-only root, a uid of its own):")
         offer = laptop.make_offer(language="python", code=SUM_PY, input={"xs": list(range(1, 101))})
         outcome, ms = await _timed(lambda: laptop.offer_gossip(offer, timeout=30))
         _line("gossip offer, claimed by one node", outcome, ms, names)

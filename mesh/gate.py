@@ -1,9 +1,10 @@
 """The sandbox gate: a node that cannot sandbox takes no part in the work at all.
 
 At start the gate checks the daemon, the image and its user, then makes a canary run that proves, from inside a
-container, network none, a read-only root and uid 65534. It repeats the same checks periodically. When they fail,
-the node withdraws from every transport; when they pass again, it rejoins by itself. With `SANDBOX_MODE=none` the gate
-is closed for good: the node still connects and heartbeats `sandboxMode: none`, and nothing else.
+container, network none, a read-only root and a sandbox uid of its own. It repeats the same checks periodically.
+When they fail, the node withdraws from every transport; when they pass again, it rejoins by itself. With
+`SANDBOX_MODE=none` the gate is closed for good: the node still connects and heartbeats `sandboxMode: none`, and
+nothing else.
 """
 
 from __future__ import annotations

@@ -29,12 +29,12 @@ import trio
 from executor.container_config import NODE_LABEL
 from executor.policy import DEFAULT_IMAGE
 from simulations.docker_relay import sweep_containers
+from tests.interop.jspeer import interop_problem
 from tests.netns.topology import netns_problem as _probe_netns
 
 # Nodes started by tests (in process or as CLI processes, which inherit it) keep their lock and replay journal
 # in a directory of the test run, never in the developer's ~/.local/state.
 os.environ.setdefault("EDGECODER_STATE_DIR", tempfile.mkdtemp(prefix="edgecoder-test-state-"))
-from tests.interop.jspeer import interop_problem
 
 _docker_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
 
@@ -52,13 +52,17 @@ def _check_docker() -> str | None:
     image = os.environ.get("EDGECODER_IMAGE") or DEFAULT_IMAGE
     try:
         api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=10)
-        api.ping()
     except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
         return f"no Docker daemon reachable ({exc})"
-    try:
-        user = (api.inspect_image(image).get("Config") or {}).get("User")
-    except docker.errors.ImageNotFound:
-        return f"sandbox image {image} missing: run `python -m executor.images build`"
+    with api:  # closed, so that ResourceWarning can be an error in the tests
+        try:
+            api.ping()
+        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+            return f"no Docker daemon reachable ({exc})"
+        try:
+            user = (api.inspect_image(image).get("Config") or {}).get("User")
+        except docker.errors.ImageNotFound:
+            return f"sandbox image {image} missing: run `python -m executor.images build`"
     if user not in ("65534", "65534:65534"):
         return f"sandbox image {image} has user {user!r}, not 65534:65534: rebuild it"
     return None

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
+from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 from executor.contract import SANDBOX_REQUIRED
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
@@ -42,7 +43,8 @@ def test_a_nearby_laptops_offer_runs_in_docker_and_the_laptop_verifies_the_resul
             with trio.fail_after(30):
                 result = await laptop.wait_result()
             assert result.executor == node.identity.public_key  # verified by the laptop against the claimant
-            assert result.result.ok and result.result.stdout == "65534\n"
+            uid = int(result.result.stdout)  # each sandbox runs as a uid of its own, from the reserved range
+            assert result.result.ok and SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_COUNT
             assert node.intake.admitted["ble"] == 1 and list(node.ran) == [offer.offer_id]
 
     trio.run(main)

@@ -191,6 +191,7 @@ class GossipTransport:
         # Told of every valid offer this node receives, taken or only forwarded (simulations measure delivery
         # with it, over nodes that cannot take offers).
         self._heard: list[HeardFn] = []
+        self._own_id = ID.from_base58(host.peer_id).to_bytes()
         for protocol in self.router.get_protocols():
             host.set_handler(protocol, self._read_pubsub_stream)
         self.pubsub.set_topic_validator(OFFERS_TOPIC, self._offer_is_valid, False)
@@ -315,6 +316,8 @@ class GossipTransport:
     async def _deliver_offers(self, queue: trio.MemoryReceiveChannel[rpc_pb2.Message]) -> None:
         async with queue:
             async for msg in queue:
+                if bytes(msg.from_id) == self._own_id:
+                    continue  # libp2p hands our own publishes to our own subscription: not heard, not work
                 for heard in self._heard:
                     heard(bytes(msg.data), _sender(msg))
                 await self._deliver_offer(msg)

@@ -1,0 +1,180 @@
+"""Attackers and stock hosts for the connection-level defence tests (transports/hardening), and for the benchmark.
+
+- `stock_host` builds a libp2p host exactly as `open_host` built it before the defences (Noise only, yamux only, one
+  connection per peer, no mDNS, UPnP or auto-connector), so that each attack is first shown to work on it.
+- `dial_from` makes a full libp2p connection (TCP, Noise, yamux) from a chosen loopback source address: as root
+  the test owns all of 127.0.0.0/8, so attackers bind to 127.0.1.x and honest peers dial from 127.0.0.1.
+- `idle_sockets` opens raw TCP sockets that never speak, and `dropped` tells which of them the node closed.
+- `push_past_window` writes yamux DATA frames straight onto a session, skipping the send-window wait of
+  `YamuxStream.write`, which is what any hostile implementation does.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost, INetStream
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE, TYPE_DATA, YAMUX_HEADER_FORMAT
+from libp2p.transport.tcp.tcp import TCP
+
+from mesh.identity import NodeIdentity
+from transports.hardening import Refusal
+from transports.p2p import noise_only, yamux_only
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def attacker_ip(i: int) -> str:
+    """The i-th attacker source address, 127.0.1.1 onwards (never 127.0.0.1, the honest peers' address)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+class RefusalLog(Counter[Refusal]):
+    """A `RefusalSink` for tests: `open_host(..., on_refusal=log)` counts each refusal by reason."""
+
+    def __call__(self, reason: Refusal) -> None:
+        self[reason] += 1
+
+
+def build_stock_host(identity: NodeIdentity | None = None, **options: Any) -> IHost:
+    identity = identity or NodeIdentity.generate()
+    kwargs: dict[str, Any] = {
+        "key_pair": identity.libp2p_keypair(),
+        "sec_opt": noise_only(identity),
+        "muxer_opt": yamux_only(),
+        "connection_config": ConnectionConfig(max_connections_per_peer=1),
+        "enable_mDNS": False,
+        "enable_upnp": False,
+    }
+    kwargs.update(options)
+    return new_host(**kwargs)
+
+
+@asynccontextmanager
+async def running(host: IHost, listen: Sequence[str] = ()) -> AsyncIterator[IHost]:
+    """Run a libp2p host built here (stock, or an attacker's) with its auto-connector stopped."""
+    async with host.run(listen_addrs=[multiaddr.Multiaddr(a) for a in listen]):
+        auto_connector = getattr(host.get_network(), "auto_connector", None)
+        if auto_connector is not None:
+            await auto_connector.stop()
+        try:
+            yield host
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(3):
+                await host.close()
+
+
+@asynccontextmanager
+async def stock_host(listen: Sequence[str] = (LOOPBACK,), **options: Any) -> AsyncIterator[IHost]:
+    async with running(build_stock_host(**options), listen) as host:
+        yield host
+
+
+def full_addr(host: IHost) -> str:
+    return str(host.get_addrs()[0])
+
+
+def tcp_port(maddr: str) -> int:
+    return int(multiaddr.Multiaddr(maddr).value_for_protocol("tcp"))
+
+
+async def dial_from(host: IHost, source_ip: str, maddr: str) -> Any:
+    """A full libp2p connection from `source_ip` to `maddr` (`/ip4/…/tcp/N/p2p/<id>`); the SwarmConn."""
+    info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
+    target = multiaddr.Multiaddr(maddr).decapsulate_code(multiaddr.protocols.P_P2P)
+    raw = await TCP().dial_with_source(target, (source_ip, 0))
+    swarm = host.get_network()
+    return await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
+
+
+async def try_dial_from(host: IHost, source_ip: str, maddr: str, *, timeout: float = 5.0) -> bool:
+    """True when the connection came up, and is still up once identify ran over it; False when it was refused."""
+    try:
+        with trio.fail_after(timeout):
+            conn = await dial_from(host, source_ip, maddr)
+    except (Exception, trio.TooSlowError):
+        return False
+    return not conn.is_closed
+
+
+async def disconnect_all(host: IHost) -> None:
+    for peer in list(host.get_connected_peers()):
+        await host.disconnect(peer)
+
+
+# libp2p listens with a backlog of 128: a burst of connects past it waits in the kernel, unaccepted, for SYN-ACK
+# retransmits. The attack opens its sockets in batches the node has accepted, so that every socket is in play.
+_ACCEPT_BATCH = 100
+
+
+@asynccontextmanager
+async def idle_sockets(port: int, sources: Sequence[str]) -> AsyncIterator[list[trio.socket.SocketType]]:
+    """One connected, silent TCP socket per entry of `sources` (repeat an address for several), to 127.0.0.1, each
+    accepted by the node before this yields (it spoke first, or closed the socket)."""
+    socks: list[trio.socket.SocketType] = []
+    try:
+        for start in range(0, len(sources), _ACCEPT_BATCH):
+            batch = []
+            for source in sources[start : start + _ACCEPT_BATCH]:
+                sock = trio.socket.socket()
+                await sock.bind((source, 0))
+                await sock.connect(("127.0.0.1", port))
+                batch.append(sock)
+            socks.extend(batch)
+            async with trio.open_nursery() as nursery:
+                for sock in batch:
+                    nursery.start_soon(_accepted, sock)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+async def _accepted(sock: trio.socket.SocketType) -> None:
+    try:
+        await sock.recv(1)  # the node's first byte, or EOF
+    except OSError:
+        pass  # reset: accepted and refused
+
+
+async def wait_closed_by_peer(sock: trio.socket.SocketType) -> None:
+    """Until the other end closes `sock` (the node speaks first, a multistream header: read past it to EOF)."""
+    try:
+        while await sock.recv(4096):
+            pass
+    except OSError:
+        pass  # reset by the node: closed too
+
+
+def data_frame(stream_id: int, size: int) -> bytes:
+    return struct.pack(YAMUX_HEADER_FORMAT, 0, TYPE_DATA, 0, stream_id, size) + b"a" * size
+
+
+async def push_past_window(stream: INetStream, total: int, *, frame: int = 65536 - HEADER_SIZE) -> int:
+    """Write `total` bytes of DATA frames on `stream` without waiting for window; the bytes written before the
+    node closed the session (all of them when it never did)."""
+    muxed: Any = stream.muxed_stream  # type: ignore[attr-defined]
+    conn, stream_id = muxed.conn, muxed.stream_id
+    block = data_frame(stream_id, frame)
+    sent = 0
+    try:
+        while sent < total:
+            await conn._write_frame(block)
+            sent += frame
+    except Exception:
+        return sent
+    return sent
+
+
+def peer_id(maddr: str) -> ID:
+    return info_from_p2p_addr(multiaddr.Multiaddr(maddr)).peer_id

@@ -11,12 +11,14 @@ serves until its stdin closes. Its protocols:
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
 from libp2p.abc import INetStream
+from libp2p.network.stream.exceptions import StreamEOF
 
 from mesh.identity import NodeIdentity
 from tests.hardening_support import LOOPBACK, full_addr, stock_host
@@ -31,11 +33,20 @@ async def noread(stream: INetStream) -> None:
     await trio.sleep_forever()
 
 
-async def sink(stream: INetStream) -> None:
+async def read_to_end(stream: INetStream) -> int:
+    """Bytes read until the peer closed its side (py-libp2p raises `StreamEOF` there rather than returning b"")."""
     received = 0
     try:
         while chunk := await stream.read(65536):
             received += len(chunk)
+    except StreamEOF:
+        pass
+    return received
+
+
+async def sink(stream: INetStream) -> None:
+    try:
+        received = await read_to_end(stream)
         await stream.write(str(received).encode())
         await stream.close()
     except Exception:
@@ -64,7 +75,9 @@ async def main(kind: str) -> None:
     async with node(kind) as (addr, _):
         print(addr, flush=True)
         # Serve until the test closes our stdin (or dies, which closes it too).
-        await trio.to_thread.run_sync(sys.stdin.read, cancellable=True)
+        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        while await stdin.receive_some():
+            pass
 
 
 if __name__ == "__main__":

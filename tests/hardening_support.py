@@ -20,12 +20,13 @@ from typing import Any
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import IHost, INetStream
+from libp2p.abc import IHost, IMuxedConn, INetStream
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE, TYPE_DATA, YAMUX_HEADER_FORMAT
 from libp2p.transport.tcp.tcp import TCP
+from libp2p.transport.upgrader import TransportUpgrader
 
 from mesh.identity import NodeIdentity
 from transports.hardening import Refusal
@@ -91,8 +92,7 @@ def tcp_port(maddr: str) -> int:
 async def dial_from(host: IHost, source_ip: str, maddr: str) -> Any:
     """A full libp2p connection from `source_ip` to `maddr` (`/ip4/…/tcp/N/p2p/<id>`); the SwarmConn."""
     info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
-    target = multiaddr.Multiaddr(maddr).decapsulate_code(multiaddr.protocols.P_P2P)
-    raw = await TCP().dial_with_source(target, (source_ip, 0))
+    raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
     swarm = host.get_network()
     return await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
 
@@ -156,6 +156,32 @@ async def wait_closed_by_peer(sock: trio.socket.SocketType) -> None:
         pass  # reset by the node: closed too
 
 
+async def fresh_peer(source_ip: str, maddr: str) -> IMuxedConn | None:
+    """A connection from a brand-new key: TCP, Noise and yamux negotiated, then left open and silent (our side
+    of the session is not even started). None when the node refused it."""
+    identity = NodeIdentity.generate()
+    upgrader = TransportUpgrader(noise_only(identity), yamux_only())
+    target = peer_id(maddr)
+    try:
+        with trio.fail_after(10):
+            raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
+            secured = await upgrader.upgrade_security(raw, True, target)
+            return await upgrader.upgrade_connection(secured, target)
+    except (Exception, trio.TooSlowError):
+        return None
+
+
+def tcp_part(maddr: str) -> multiaddr.Multiaddr:
+    """`/ip4/…/tcp/N` of a full `/ip4/…/tcp/N/p2p/<id>`."""
+    return multiaddr.Multiaddr(maddr).decapsulate_code(multiaddr.protocols.P_P2P)
+
+
+async def close_all(conns: list[IMuxedConn]) -> None:
+    for conn in conns:
+        with trio.move_on_after(1):
+            await conn.secured_conn.close()  # type: ignore[attr-defined]
+
+
 def data_frame(stream_id: int, size: int) -> bytes:
     return struct.pack(YAMUX_HEADER_FORMAT, 0, TYPE_DATA, 0, stream_id, size) + b"a" * size
 
@@ -178,3 +204,83 @@ async def push_past_window(stream: INetStream, total: int, *, frame: int = 65536
 
 def peer_id(maddr: str) -> ID:
     return info_from_p2p_addr(multiaddr.Multiaddr(maddr)).peer_id
+
+
+class NodeProcess:
+    """A `tests.hardening_node` process: its address, its pid, and the refusals it reported so far."""
+
+    def __init__(self, process: trio.Process, addr: str) -> None:
+        self.process = process
+        self.addr = addr
+        self.refusals: Counter[str] = Counter()
+
+    @property
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS line")  # a kernel without it: nothing here would work
+
+    async def _read_reports(self, lines: Any) -> None:
+        async for line in lines:
+            if line.startswith("refusal "):
+                self.refusals[line.split(" ", 1)[1]] += 1
+
+
+class _Lines:
+    """Lines of a process's stdout, as they come."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def next(self) -> str | None:
+        while b"\n" not in self.buffer:
+            chunk = await self.stream.receive_some(4096)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode()
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self.next()
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+
+@asynccontextmanager
+async def node_process(kind: str) -> AsyncIterator[NodeProcess]:
+    """Run `python -m tests.hardening_node KIND` (stock or hardened) until the block ends."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tests.hardening_node", kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root
+    )
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        lines = _Lines(process.stdout)
+        with trio.fail_after(30):
+            addr = await lines.next()
+        if addr is None:
+            raise RuntimeError(f"the {kind} node exited before it listened")
+        node = NodeProcess(process, addr)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node._read_reports, lines)
+            yield node
+            await process.stdin.aclose()
+            with trio.move_on_after(10):
+                await process.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -24,8 +24,6 @@ from libp2p.abc import IHost, IMuxedConn
 from libp2p.network.config import ConnectionConfig
 from libp2p.network.swarm import Swarm
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
-from libp2p.transport.tcp.tcp import TCP
-from libp2p.transport.upgrader import TransportUpgrader
 
 from mesh.identity import NodeIdentity
 from tests.hardening_support import (
@@ -33,11 +31,12 @@ from tests.hardening_support import (
     RefusalLog,
     attacker_ip,
     build_stock_host,
+    close_all,
     dial_from,
     disconnect_all,
+    fresh_peer,
     full_addr,
     idle_sockets,
-    peer_id,
     running,
     stock_host,
     tcp_port,
@@ -47,7 +46,7 @@ from tests.hardening_support import (
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import AdmissionLimits, ConnectionBudget, Defences, GuardedSwarm, Refusal
 from transports.hardening.inbound import classify_upgrade_failure
-from transports.p2p import P2PHost, noise_only, open_host, yamux_only
+from transports.p2p import P2PHost, open_host
 
 HONEST = "127.0.0.1"
 
@@ -200,27 +199,6 @@ def test_idle_sockets_from_many_addresses_evict_each_other_and_honest_dials_stil
 # -- 2b. fresh peers at a high rate from one address --------------------------------------------------------------
 
 
-async def fresh_peer(source_ip: str, maddr: str) -> IMuxedConn | None:
-    """A connection from a brand-new key: TCP, Noise and yamux negotiated, then left open and silent (our side
-    of the session is not even started). None when the node refused it."""
-    identity = NodeIdentity.generate()
-    upgrader = TransportUpgrader(noise_only(identity), yamux_only())
-    target = peer_id(maddr)
-    try:
-        with trio.fail_after(10):
-            raw = await TCP().dial_with_source(_tcp_part(maddr), (source_ip, 0))
-            secured = await upgrader.upgrade_security(raw, True, target)
-            return await upgrader.upgrade_connection(secured, target)
-    except (Exception, trio.TooSlowError):
-        return None
-
-
-def _tcp_part(maddr: str) -> Any:
-    import multiaddr
-
-    return multiaddr.Multiaddr(maddr).decapsulate_code(multiaddr.protocols.P_P2P)
-
-
 async def fresh_peer_flood(maddr: str, count: int, *, parallel: int = 16) -> list[IMuxedConn]:
     """`count` fresh-key connections from one attacker address, `parallel` at a time, all kept open."""
     opened: list[IMuxedConn] = []
@@ -236,12 +214,6 @@ async def fresh_peer_flood(maddr: str, count: int, *, parallel: int = 16) -> lis
         for _ in range(count):
             nursery.start_soon(one)
     return opened
-
-
-async def close_all(conns: list[IMuxedConn]) -> None:
-    for conn in conns:
-        with trio.move_on_after(1):
-            await conn.secured_conn.close()  # type: ignore[attr-defined]
 
 
 def test_stock_host_holds_every_fresh_peer_from_one_address() -> None:

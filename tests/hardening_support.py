@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -112,39 +113,44 @@ async def disconnect_all(host: IHost) -> None:
         await host.disconnect(peer)
 
 
+def accept_backlog(host: IHost) -> int:
+    """Connections the kernel completed that `host` has not accepted yet (TCP_INFO's `tcpi_unacked` of a listening
+    socket is its accept queue)."""
+    queued = 0
+    for listener in host.get_network().listeners.values():
+        for trio_listener in getattr(listener, "listeners", []):  # TCPListener's trio SocketListeners
+            info = trio_listener.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            queued += struct.unpack_from("I", info, 24)[0]
+    return queued
+
+
 # libp2p listens with a backlog of 128: a burst of connects past it waits in the kernel, unaccepted, for SYN-ACK
 # retransmits. The attack opens its sockets in batches the node has accepted, so that every socket is in play.
 _ACCEPT_BATCH = 100
 
 
 @asynccontextmanager
-async def idle_sockets(port: int, sources: Sequence[str]) -> AsyncIterator[list[trio.socket.SocketType]]:
-    """One connected, silent TCP socket per entry of `sources` (repeat an address for several), to 127.0.0.1, each
-    accepted by the node before this yields (it spoke first, or closed the socket)."""
+async def idle_sockets(
+    node: IHost, sources: Sequence[str], *, port: int | None = None
+) -> AsyncIterator[list[trio.socket.SocketType]]:
+    """One connected, silent TCP socket per entry of `sources` (repeat an address for several) to `node`, each
+    accepted by it before this yields."""
+    port = port or tcp_port(full_addr(node))
     socks: list[trio.socket.SocketType] = []
     try:
         for start in range(0, len(sources), _ACCEPT_BATCH):
-            batch = []
             for source in sources[start : start + _ACCEPT_BATCH]:
                 sock = trio.socket.socket()
                 await sock.bind((source, 0))
                 await sock.connect(("127.0.0.1", port))
-                batch.append(sock)
-            socks.extend(batch)
-            async with trio.open_nursery() as nursery:
-                for sock in batch:
-                    nursery.start_soon(_accepted, sock)
+                socks.append(sock)
+            with trio.fail_after(30):
+                while accept_backlog(node):
+                    await trio.sleep(0.005)
         yield socks
     finally:
         for sock in socks:
             sock.close()
-
-
-async def _accepted(sock: trio.socket.SocketType) -> None:
-    try:
-        await sock.recv(1)  # the node's first byte, or EOF
-    except OSError:
-        pass  # reset: accepted and refused
 
 
 async def wait_closed_by_peer(sock: trio.socket.SocketType) -> None:

@@ -29,11 +29,12 @@ class AdmissionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = Clock()
-        self.limits = AdmissionLimits(max_pending=4, max_per_source=3, source_rate=2.0, source_burst=3.0)
+        self.limits = AdmissionLimits(max_pending=4, max_per_source=3, source_rate=2.0, source_burst=3.0, max_held=2)
         self.admission = SourceAdmission(self.limits, clock=self.clock)
         self.tickets: list[Ticket] = []  # every ticket ever issued, oldest first
         self.evicted: list[Ticket] = []
         self.admitted_at: dict[str, list[float]] = {}
+        self.held = 0
 
     def _on_evict(self, ticket: Ticket) -> None:
         # The evicted ticket must be the oldest still pending.
@@ -71,6 +72,23 @@ class AdmissionMachine(RuleBasedStateMachine):
         ticket.release()
         if twice:
             ticket.release()
+
+    @rule()
+    def refused_socket_held(self) -> None:
+        if self.admission.hold():
+            self.held += 1
+        else:
+            assert self.held == self.limits.max_held
+
+    @precondition(lambda self: self.held)
+    @rule()
+    def held_socket_closed(self) -> None:
+        self.admission.unhold()
+        self.held -= 1
+
+    @invariant()
+    def held_sockets_are_bounded_and_exact(self) -> None:
+        assert self.admission.held == self.held <= self.limits.max_held
 
     @rule(seconds=st.floats(min_value=0, max_value=3))
     def time_passes(self, seconds: float) -> None:
@@ -166,6 +184,8 @@ def test_token_buckets_are_kept_for_a_bounded_number_of_sources() -> None:
         {"max_tracked_sources": 0},
         {"source_rate": 0},
         {"source_burst": 0.5},
+        {"max_held": -1},
+        {"hold_seconds": -1},
     ],
 )
 def test_limits_that_admit_nothing_are_refused(limits: dict[str, float]) -> None:

@@ -39,7 +39,6 @@ from tests.hardening_support import (
     idle_sockets,
     running,
     stock_host,
-    tcp_port,
     try_dial_from,
     wait_closed_by_peer,
 )
@@ -103,10 +102,10 @@ def test_stock_swarm_keeps_every_inbound_slot_until_it_stops_and_then_refuses_ev
 
 
 def test_our_swarm_releases_each_inbound_slot_with_its_connection() -> None:
-    # The same 10-slot limiter: established (4 + 2) plus twice the pending cap (2); generous per-source and per-peer
-    # rates, so that only the limiter could refuse.
+    # The same 10-slot limiter: established (4 + 2) plus twice the pending cap (2), no held sockets; generous
+    # per-source and per-peer rates, so that only the limiter could refuse.
     defences = Defences(
-        admission=AdmissionLimits(max_pending=2, source_rate=1000, source_burst=1000),
+        admission=AdmissionLimits(max_pending=2, max_held=0, source_rate=1000, source_burst=1000),
         connections=ConnectionBudget(max_inbound=4, max_outbound=2, peer_rate=1000, peer_burst=1000),
     )
 
@@ -145,7 +144,7 @@ def test_stock_host_is_locked_out_by_idle_sockets(sockets: int, addresses: int) 
         async with stock_host() as server:
             maddr = full_addr(server)
             assert await honest_dials(maddr, 1) == 1
-            async with idle_sockets(tcp_port(maddr), [attacker_ip(i % addresses) for i in range(sockets)]):
+            async with idle_sockets(server, [attacker_ip(i % addresses) for i in range(sockets)]):
                 await wait_until(lambda: limiter(server).borrowed_tokens == 250, what="the attack to fill the limiter")
                 assert await honest_dials(maddr, 3) == 0
 
@@ -157,7 +156,7 @@ def test_idle_sockets_from_one_address_get_its_share_only_and_are_closed_after_t
         async with guarded_node() as (node, refusals):
             per_source = Defences().admission.max_per_source
             attackers = [attacker_ip(0)] * 260
-            async with idle_sockets(tcp_port(node.addrs[0]), attackers) as socks:
+            async with idle_sockets(node.host, attackers) as socks:
                 await wait_until(lambda: refusals[Refusal.SOURCE_CONCURRENCY] == 260 - per_source)
                 assert await honest_dials(node.addrs[0], 3) == 3
                 with trio.fail_after(30):  # the handshake timeout is 3 s
@@ -172,13 +171,15 @@ def test_idle_sockets_from_one_address_get_its_share_only_and_are_closed_after_t
 
 
 def test_idle_sockets_from_many_addresses_evict_each_other_and_honest_dials_still_get_in() -> None:
+    cap = 256  # a quarter of the default, so that 400 sockets overflow it
+    defences = Defences(admission=AdmissionLimits(max_pending=cap))
+
     async def main() -> None:
-        async with guarded_node() as (node, refusals):
-            cap = Defences().admission.max_pending
+        async with guarded_node(defences) as (node, refusals):
             attackers = [attacker_ip(i % 200) for i in range(400)]  # two each, far under the per-source cap
             swarm = node.host.get_network()
             assert isinstance(swarm, GuardedSwarm)
-            async with idle_sockets(tcp_port(node.addrs[0]), attackers) as socks:
+            async with idle_sockets(node.host, attackers) as socks:
                 await wait_until(lambda: refusals[Refusal.PENDING_FULL] == 400 - cap)
                 assert swarm.admission.pending == cap
                 # Each honest handshake pushes out the oldest idle socket, and completes long before it is old.
@@ -192,6 +193,42 @@ def test_idle_sockets_from_many_addresses_evict_each_other_and_honest_dials_stil
             assert refusals[Refusal.PENDING_FULL] == 400 - cap + 1
             assert set(refusals) == {Refusal.PENDING_FULL, Refusal.HANDSHAKE_TIMEOUT}
             assert swarm.admission.pending == 0
+
+    run_trio(main)
+
+
+def test_idle_sockets_under_the_pending_cap_wait_for_their_timeout_and_evict_nothing() -> None:
+    async def main() -> None:
+        async with guarded_node() as (node, refusals):
+            swarm = node.host.get_network()
+            assert isinstance(swarm, GuardedSwarm)
+            attackers = [attacker_ip(i % 200) for i in range(400)]
+            async with idle_sockets(node.host, attackers):
+                await wait_until(lambda: swarm.admission.pending == 400)
+                assert await honest_dials(node.addrs[0], 3) == 3
+                await wait_until(lambda: refusals[Refusal.HANDSHAKE_TIMEOUT] == 400)
+            assert set(refusals) == {Refusal.HANDSHAKE_TIMEOUT}
+
+    run_trio(main)
+
+
+def test_refused_sockets_are_held_open_until_their_client_hangs_up_and_no_more_than_max_held() -> None:
+    defences = Defences(admission=AdmissionLimits(max_per_source=1, max_held=2, hold_seconds=3600))
+
+    async def main() -> None:
+        async with guarded_node(defences) as (node, refusals):
+            swarm = node.host.get_network()
+            assert isinstance(swarm, GuardedSwarm)
+            async with idle_sockets(node.host, [attacker_ip(0)]):  # admitted: its handshake is pending
+                async with idle_sockets(node.host, [attacker_ip(0)] * 2) as held:
+                    await wait_until(lambda: swarm.admission.held == 2)
+                    async with idle_sockets(node.host, [attacker_ip(0)]) as [closed]:  # past max_held: closed at once
+                        with trio.fail_after(10):
+                            await wait_closed_by_peer(closed)
+                    assert refusals[Refusal.SOURCE_CONCURRENCY] == 3
+                    held[0].close()  # a held socket whose client hangs up is let go
+                    await wait_until(lambda: swarm.admission.held == 1)
+                await wait_until(lambda: swarm.admission.held == 0)
 
     run_trio(main)
 
@@ -229,9 +266,11 @@ def test_stock_host_holds_every_fresh_peer_from_one_address() -> None:
 
 
 def test_fresh_peers_from_one_address_are_bounded_by_its_share_and_rate_and_honest_peers_get_in() -> None:
+    # Refused sockets closed at once, not held: the flood's refused dials then fail in milliseconds, not seconds.
+    admission = AdmissionLimits(max_held=0)
+
     async def main() -> None:
-        admission = Defences().admission
-        async with guarded_node() as (node, refusals):
+        async with guarded_node(Defences(admission=admission)) as (node, refusals):
             began = time.monotonic()
             opened = await fresh_peer_flood(node.addrs[0], 231)
             elapsed = time.monotonic() - began
@@ -317,3 +356,54 @@ def test_the_swarm_swap_refuses_anything_but_a_stock_swarm() -> None:
                 install_guarded_swarm(node.host, SourceAdmission(AdmissionLimits()), Refusals())
 
     run_trio(main)
+
+
+def test_pin_upstream_reads_an_ended_stream_a_hundred_times_before_it_gives_up() -> None:
+    """Why `HandshakeStream` raises at the end of the stream during the handshake: upstream returns b"" there and
+    `read_exactly` retries it 100 times, one scheduler pass each (about 3 ms of CPU per socket closed mid-way)."""
+    from libp2p.io import utils
+
+    assert utils.DEFAULT_RETRY_READ_COUNT == 100
+    assert "for _ in range(retry_count):" in inspect.getsource(utils.read_exactly)
+
+
+def test_the_handshake_stream_raises_at_the_end_of_the_stream_only_during_the_handshake() -> None:
+    from libp2p.io.exceptions import ConnectionClosedError
+    from libp2p.io.trio import TrioTCPStream
+
+    from transports.hardening.inbound import HandshakeStream
+
+    async def main() -> None:
+        for handshaking in (True, False):
+            ours, theirs = trio.socket.socketpair()
+            stream = HandshakeStream(TrioTCPStream(trio.SocketStream(ours)))
+            stream.handshaking = handshaking
+            await theirs.send(b"hello")
+            assert await stream.read(5) == b"hello"
+            theirs.close()
+            if handshaking:
+                with pytest.raises(ConnectionClosedError):
+                    await stream.read(5)
+            else:
+                assert await stream.read(5) == b""
+            await stream.close()
+
+    run_trio(main)
+
+
+def test_the_open_files_limit_is_raised_to_what_the_defences_may_hold() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import resource\n"
+        "from transports.hardening import Defences, ensure_file_descriptors\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "ensure_file_descriptors(Defences().file_descriptors)\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], Defences().file_descriptors, hard)\n"
+    )
+    soft, needed, hard = map(
+        int, subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert soft == min(needed, hard) and needed > 1024

@@ -6,7 +6,7 @@ import re
 
 from mesh.identity import NodeIdentity
 from mesh.metrics import NodeMetrics
-from tests.hardening_support import LOOPBACK, attacker_ip, idle_sockets, stock_host, tcp_port, try_dial_from
+from tests.hardening_support import LOOPBACK, attacker_ip, idle_sockets, stock_host, try_dial_from
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import Defences, Refusal, Refusals
 from transports.p2p import open_host
@@ -29,7 +29,7 @@ def test_a_node_wired_to_its_metrics_counts_the_refusals_of_an_attack() -> None:
         metrics = NodeMetrics()
         per_source = Defences().admission.max_per_source
         async with open_host(NodeIdentity.generate(), [LOOPBACK], on_refusal=metrics.connection_refused) as node:
-            async with idle_sockets(tcp_port(node.addrs[0]), [attacker_ip(0)] * (per_source + 5)):
+            async with idle_sockets(node.host, [attacker_ip(0)] * (per_source + 5)):
                 await wait_until(lambda: refusals_in(metrics)["source_concurrency"] == 5)
                 async with stock_host(listen=()) as honest:
                     assert await try_dial_from(honest, "127.0.0.1", node.addrs[0])

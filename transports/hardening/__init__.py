@@ -11,12 +11,15 @@
 | data pushed past the yamux window | session closed at the first excess byte | `yamux` |
 | many streams, or slow readers | inbound streams per connection capped; window at most 1 MiB | `yamux` |
 | N connections take N x 0.2 s to close | concurrent close, bounded by a grace period | `shutdown` |
+| refused sockets reopened at once | refused sockets held open, unread, for 3 s | `admission` |
 
 Every refusal is reported once, by reason, to `Refusals` (and from there to the node's metrics).
 """
 
 from __future__ import annotations
 
+import logging
+import resource
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -31,6 +34,10 @@ from transports.hardening.refusals import Refusal, Refusals, RefusalSink
 from transports.hardening.shutdown import close_fast
 from transports.hardening.yamux import BoundedYamux, StreamLimits, install_bounded_yamux
 
+log = logging.getLogger(__name__)
+
+FD_RESERVE = 512
+
 __all__ = [
     "AdmissionLimits",
     "BoundedYamux",
@@ -43,6 +50,7 @@ __all__ = [
     "Refusals",
     "StreamLimits",
     "close_fast",
+    "ensure_file_descriptors",
     "install_defences",
     "refusal_counts",
     "source_key",
@@ -63,12 +71,14 @@ class Defences:
         """The swarm's own limits, sized so that ours decide.
 
         The swarm's inbound limiter (`max_connections - min_connections`) holds a slot for every inbound handler:
-        established connections, pending handshakes, and evicted handshakes until their task has run once more to
-        give the slot back; it closes sockets past it silently, before our admission sees them. `max_connections`
-        also caps live connections in `add_conn`. Both are sized above what admission and rcmgr's `ConnectionLimits`
-        allow, so that those refuse first, with a reason. No minimum: the auto-connector is stopped.
+        established connections, pending handshakes, evicted handshakes until their task has run once more to give
+        the slot back, and refused sockets being held; it closes sockets past it silently, before admission sees
+        them. `max_connections` also caps live connections in `add_conn`. Both are sized above what admission and
+        rcmgr's `ConnectionLimits` allow, so that those refuse first, with a reason. No minimum: the auto-connector
+        is stopped.
         """
-        cap = self.connections.max_total + 2 * self.admission.max_pending
+        admission = self.admission
+        cap = self.connections.max_total + 2 * admission.max_pending + admission.max_held
         return ConnectionConfig(
             max_connections_per_peer=max_connections_per_peer,
             max_connections=cap,
@@ -81,12 +91,35 @@ class Defences:
     def resource_manager(self) -> ResourceManager:
         return resource_manager(self.connections)
 
+    @property
+    def file_descriptors(self) -> int:
+        """Descriptors the node may hold under attack: every connection the limits allow, plus a reserve for the
+        rest of the node (listeners, the Docker socket, its files)."""
+        admission = self.admission
+        return self.connections.max_total + 2 * admission.max_pending + admission.max_held + FD_RESERVE
+
 
 def install_defences(host: IHost, defences: Defences, refusals: Refusals) -> None:
     """Apply the defences that hook into `host` (built by `new_host` with `connection_config()` and
     `resource_manager()`, not yet running): admission and the slot fix in the swarm, bounds in yamux."""
+    ensure_file_descriptors(defences.file_descriptors)
     install_guarded_swarm(host, SourceAdmission(defences.admission), refusals)
     install_bounded_yamux(host, defences.streams, refusals)
+
+
+def ensure_file_descriptors(needed: int) -> None:
+    """Raise the soft limit on open files to `needed` when the hard limit allows (Go's runtime raises it to the
+    hard limit for every program): with the common soft limit of 1024, a thousand idle sockets would exhaust the
+    node's descriptors, and `accept` would fail for everyone. Warn when the hard limit is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            log.warning(
+                "open files are limited to %d; under attack the node may need %d: raise `ulimit -n`", target, needed
+            )
 
 
 def refusal_counts(host: IHost) -> Counter[Refusal]:

@@ -11,6 +11,11 @@ When a socket is accepted:
   attacker with more addresses than the cap lock everyone out for a whole handshake timeout; with eviction it must
   open more than `max_pending` sockets within one honest handshake time to push an honest peer out.
 
+A refused socket is not closed at once: it is **held** open for `hold_seconds` (what its client sends is read and
+dropped; the hold ends early when the client hangs up), up to `max_held` of them. A client that reopens every
+socket the node closes would otherwise turn each refusal into another accept, and a few hundred sockets into a
+flood of thousands a second; held, they cost an fd and a parked task each.
+
 A source is an IPv4 address, or an IPv6 /64: a single host is routinely given a whole /64, so counting per IPv6
 address would let it take as many slots as it likes. IPv4-mapped IPv6 addresses count as their IPv4 address.
 
@@ -49,10 +54,14 @@ def source_key(ip: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
-    max_pending: int = 256
+    # Pending handshakes are cheap (an fd and a parked task each) and last at most the handshake timeout: the cap is
+    # generous, so that evictions (and the reconnects they provoke) start only past a thousand silent sockets.
+    max_pending: int = 1024
     max_per_source: int = 16
     source_rate: float = 10.0  # new connections per second from one source, sustained
     source_burst: float = 40.0  # and in a burst
+    max_held: int = 1024  # refused sockets held open at once
+    hold_seconds: float = 3.0
     # Token buckets are kept for at most this many sources (least recently seen forgotten first), so that a sweep
     # of addresses costs bounded memory. A forgotten source starts again with a full bucket.
     max_tracked_sources: int = 10_000
@@ -62,6 +71,8 @@ class AdmissionLimits:
             raise ValueError("admission limits must allow at least one connection")
         if self.source_rate <= 0 or self.source_burst < 1:
             raise ValueError("a source's rate must be positive and its burst at least 1")
+        if self.max_held < 0 or self.hold_seconds < 0:
+            raise ValueError("max_held and hold_seconds cannot be negative")
 
 
 class Ticket:
@@ -102,6 +113,7 @@ class SourceAdmission:
         self.limits = limits
         self._clock = clock
         self._pending: dict[Ticket, None] = {}  # oldest first
+        self._held = 0
         self._live: Counter[str] = Counter()
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # source -> (tokens, at)
 
@@ -113,6 +125,21 @@ class SourceAdmission:
     def live(self, source: str) -> int:
         """Admitted connections from `source` (a `source_key`) that are not released yet."""
         return self._live[source]
+
+    @property
+    def held(self) -> int:
+        """Refused sockets being held open."""
+        return self._held
+
+    def hold(self) -> bool:
+        """Whether a refused socket may be held open (then `unhold` it when it is closed), or must be closed now."""
+        if self._held >= self.limits.max_held:
+            return False
+        self._held += 1
+        return True
+
+    def unhold(self) -> None:
+        self._held -= 1
 
     @property
     def sources(self) -> int:

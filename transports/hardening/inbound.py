@@ -32,6 +32,7 @@ from typing import Any
 import trio
 from libp2p.abc import IHost, IMuxedConn
 from libp2p.io.abc import ReadWriteCloser
+from libp2p.io.exceptions import ConnectionClosedError
 from libp2p.metrics.swarm import SwarmEvent
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.swarm import Swarm
@@ -43,6 +44,8 @@ from transports.hardening.refusals import Refusal, Refusals
 
 log = logging.getLogger(__name__)
 
+# A held socket whose client sends more than this is closed: no handshake opening is this long.
+_HELD_READ_LIMIT = 16 * 1024
 # How often to look at a muxer that has no `event_closed` (py-libp2p's Yamux has one; this is for other muxers).
 _CLOSED_POLL_INTERVAL = 0.5
 
@@ -100,6 +103,38 @@ async def _close_quietly(closer: Any) -> None:
         pass  # already closed by the side that failed
 
 
+class HandshakeStream(ReadWriteCloser):
+    """An accepted socket as the upgrade sees it: during the handshake, the end of the stream raises at once.
+
+    Upstream's `read_exactly` answers an empty read by reading again, 100 times, each a pass of the scheduler, before
+    it gives up: every socket that closes mid-handshake (an idle attacker's socket evicted, or hanging up) cost about
+    3 ms of CPU, and a few hundred of them a second saturated the node. Once the handshake is over it is the socket
+    itself again (the muxer above relies on upstream's end-of-stream behaviour).
+    """
+
+    def __init__(self, inner: ReadWriteCloser) -> None:
+        self.inner = inner
+        self.handshaking = True
+
+    async def read(self, n: int | None = None) -> bytes:
+        data = await self.inner.read(n)
+        if not data and n != 0 and self.handshaking:
+            raise ConnectionClosedError("the peer closed the connection during the handshake", transport="tcp")
+        return data
+
+    async def write(self, data: bytes) -> None:
+        await self.inner.write(data)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self.inner.get_remote_address()
+
+    def __getattr__(self, name: str) -> Any:  # anything else the transport's stream offers
+        return getattr(self.inner, name)
+
+
 class ConnectionScopedSwarm(Swarm):
     """A Swarm whose inbound handler lives as long as its connection, and whose refusals release their rcmgr scope."""
 
@@ -122,13 +157,16 @@ class ConnectionScopedSwarm(Swarm):
         if remote is not None and not await self.connection_gate.is_allowed(remote):
             await _close_quietly(read_write_closer)
             return None
-        raw_conn = RawConnection(read_write_closer, False)
+        stream = HandshakeStream(read_write_closer)
+        raw_conn = RawConnection(stream, False)
         try:
             return await self.upgrade_inbound_raw_conn(raw_conn, maddr)
         except Exception as exc:
             log.debug("inbound upgrade from %s failed: %s", remote, exc)
             await _close_quietly(raw_conn)
             return exc
+        finally:
+            stream.handshaking = False
 
     async def add_conn(self, muxed_conn: IMuxedConn, direction: str = "unknown") -> Any:
         try:
@@ -138,11 +176,15 @@ class ConnectionScopedSwarm(Swarm):
             raise
 
 
+def _socket_of(read_write_closer: ReadWriteCloser) -> Any:
+    """The trio socket under a TCP stream (`TrioTCPStream.stream.socket`), or None for another transport."""
+    return getattr(getattr(read_write_closer, "stream", None), "socket", None)
+
+
 def _abort_handshake(read_write_closer: ReadWriteCloser) -> None:
     """Close the socket under a handshake, synchronously: the handshake's next read sees EOF and fails the way any
     broken handshake does (upstream's cleanup runs), instead of being cancelled half-way through it."""
-    socket = getattr(getattr(read_write_closer, "stream", None), "socket", None)
-    close = getattr(socket, "close", None)
+    close = getattr(_socket_of(read_write_closer), "close", None)
     if callable(close):
         close()  # trio wakes the task blocked on it (`notify_closing`)
 
@@ -164,6 +206,7 @@ class GuardedSwarm(ConnectionScopedSwarm):
         ticket = self.admission.admit(remote[0] if remote else None)
         if not isinstance(ticket, Ticket):
             self.refusals(ticket)
+            await self._hold_refused(read_write_closer)
             await _close_quietly(read_write_closer)
             return
         try:
@@ -182,6 +225,25 @@ class GuardedSwarm(ConnectionScopedSwarm):
                 await wait_closed(upgraded)
         finally:
             ticket.release()
+
+    async def _hold_refused(self, read_write_closer: ReadWriteCloser) -> None:
+        """Keep a refused socket open for a while (see `admission`), reading and dropping what its client sends
+        (a libp2p dialer speaks first), until the hold time is over, or the client hangs up or sends more than a
+        handshake would, or at once when too many are held."""
+        if not self.admission.hold():
+            return
+        try:
+            with trio.move_on_after(self.admission.limits.hold_seconds):
+                dropped = 0
+                while dropped <= _HELD_READ_LIMIT:
+                    data = await read_write_closer.read(4096)
+                    if not data:
+                        break
+                    dropped += len(data)
+        except Exception:
+            pass  # reset by the client: nothing left to hold
+        finally:
+            self.admission.unhold()
 
 
 def install_guarded_swarm(host: IHost, admission: SourceAdmission, refusals: Refusals) -> GuardedSwarm:

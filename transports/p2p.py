@@ -238,13 +238,14 @@ async def open_host(
     identity: NodeIdentity,
     listen: Sequence[str],
     *,
-    defences: Defences = Defences(),  # noqa: B008 - frozen, so one shared default is safe
+    defences: Defences | None = None,
     on_refusal: RefusalSink | None = None,
 ) -> AsyncIterator[P2PHost]:
     """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close.
 
-    `defences` bounds what peers can make the host hold; each refusal is reported to `on_refusal`, by reason.
-    Raises `ListenError` for an address it cannot listen on, before anything is started."""
+    `defences` (by default `Defences()`) bounds what peers can make the host hold; each refusal is reported to
+    `on_refusal`, by reason. Raises `ListenError` for an address it cannot listen on, before anything is started."""
+    defences = defences or Defences()
     listen_addrs = [parse_listen_addr(a) for a in listen]
     for maddr in listen_addrs:
         probe_port_free(maddr)

@@ -18,6 +18,9 @@ rcmgr, to `Refusals`. Because its handler lives exactly as long as its connectio
 exactly when the connection ends -- which a `ConnectionGate` could not do: it is asked `is_allowed`, never told
 about the close.
 
+**The end of the stream during the handshake** raises at once (`HandshakeStream`), instead of upstream's 100 empty
+reads, so that a socket closed mid-handshake costs what any refusal costs.
+
 The swarm is built by `new_host`, which takes no swarm class, so `install_guarded_swarm` swaps the class of the
 not-yet-running swarm (only methods differ, no state is added by `__init__`). `tests/test_hardening_inbound.py`
 pins the upstream code this relies on.

@@ -6,6 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from transports.hardening.refusals import Refusal
+
 
 class NodeMetrics:
     def __init__(self) -> None:
@@ -49,9 +51,18 @@ class NodeMetrics:
             registry=r,
         )
 
+        self.connection_refusals = Counter(
+            "edgecoder_connection_refusals",
+            "Sockets, handshakes, connections and streams refused by the connection-level defences, by reason",
+            ["reason"],
+            registry=r,
+        )
+
         # Label lookups cost microseconds, and the intake's budget per offer is tight: keep the children.
         self._admitted: dict[str, Any] = {}
         self._rejected: dict[tuple[str, str], Any] = {}
+        # Every reason exists from the start, at zero: a dashboard can tell "never refused" from "not reported".
+        self._connection_refused = {reason: self.connection_refusals.labels(str(reason)) for reason in Refusal}
 
     def offer_admitted(self, transport: str) -> None:
         child = self._admitted.get(transport)
@@ -64,6 +75,10 @@ class NodeMetrics:
         if child is None:
             child = self._rejected[(transport, reason)] = self.rejections.labels(transport, reason)
         child.inc()
+
+    def connection_refused(self, reason: Refusal) -> None:
+        """The `on_refusal` sink of `transports.p2p.open_host`."""
+        self._connection_refused[reason].inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -46,6 +46,7 @@ from transports.bootstrap import Bootstrapper
 from transports.connmgr import ConnectionManager
 from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
+from transports.hardening import Defences
 from transports.mdns import LanDiscovery
 from transports.p2p import P2PHost, listens_beyond_loopback, open_host
 from transports.relay import Relay, ReserveMode
@@ -100,6 +101,9 @@ class NodeConfig:
     forward_offers: bool = True
     connections_low: int = 4
     connections_high: int = 32
+    # What peers can make the host hold (connections per source, handshakes, streams, windows): see
+    # transports/hardening. None is the defaults; simulations with many nodes behind one address raise them.
+    defences: Defences | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +129,11 @@ class MeshNode:
         p2p: P2PHost,
         executor: Executor | None,
         state: StateDir | None = None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self.config = config
         self.identity = config.identity
-        self.metrics = NodeMetrics()
+        self.metrics = metrics or NodeMetrics()
         self.peers = PeerDirectory(stale_after=3.5 * config.heartbeat_interval)
         self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
         self.intake = Intake(
@@ -210,9 +215,20 @@ class MeshNode:
                         **config.executor_options,
                     )
                 )
-            p2p = await stack.enter_async_context(open_host(config.identity, config.listen, announce=config.announce))
+            # Built before the host, so that the host's refusals (per-source caps, window violations) are counted
+            # from its first connection.
+            metrics = NodeMetrics()
+            p2p = await stack.enter_async_context(
+                open_host(
+                    config.identity,
+                    config.listen,
+                    announce=config.announce,
+                    defences=config.defences,
+                    on_refusal=metrics.connection_refused,
+                )
+            )
             nursery = await stack.enter_async_context(trio.open_nursery())
-            node = cls(config, nursery, p2p, executor, state)
+            node = cls(config, nursery, p2p, executor, state, metrics)
             await node._start()
             try:
                 yield node

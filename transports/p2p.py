@@ -9,6 +9,9 @@ overridden here, each with its reason:
 - `ConnectionConfig(max_connections_per_peer=1)`: with the default (3) every dial waits on a 250 ms fallback timer in
   `network/swarm.py`; with 1 a loopback connect takes under 10 ms.
 - no mDNS, UPnP, bootstrap or auto-connector: peers are only those the node dials or that dial it.
+- the connection-level defences of `transports.hardening` (issue 11), configured by `Defences`: the inbound-slot
+  fix, per-source admission and a 3 s handshake timeout, rcmgr's working limits, bounded yamux, and a close that
+  takes one grace period instead of 0.2 s per connection. Each refusal goes to `on_refusal` (the node's metrics).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.network.config import ConnectionConfig, RetryConfig
+from libp2p.network.config import RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pubsub import Pubsub
@@ -37,6 +40,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from mesh.identity import NodeIdentity
 from transports.addresses import WILDCARDS, AddressBook, install_circuit_aware_addrs, ip_of, is_circuit, with_peer
+from transports.hardening import Defences, Refusals, RefusalSink, close_fast, install_defences
 
 StreamHandler = Callable[[INetStream], Awaitable[None]]
 
@@ -339,12 +343,20 @@ async def _stop_auto_connector(host: IHost) -> None:
 
 @asynccontextmanager
 async def open_host(
-    identity: NodeIdentity, listen: Sequence[str], *, announce: Sequence[str] = ()
+    identity: NodeIdentity,
+    listen: Sequence[str],
+    *,
+    announce: Sequence[str] = (),
+    defences: Defences | None = None,
+    on_refusal: RefusalSink | None = None,
 ) -> AsyncIterator[P2PHost]:
     """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close.
 
-    `announce` replaces the addresses the node tells peers (see `transports.addresses`). Raises `ListenError` for
-    an address it cannot listen on, or `AddressError` for a bad announce address, before anything is started."""
+    `announce` replaces the addresses the node tells peers (see `transports.addresses`). `defences` (by default
+    `Defences()`) bounds what peers can make the host hold; each refusal is reported to `on_refusal`, by reason.
+    Raises `ListenError` for an address it cannot listen on, or `AddressError` for a bad announce address, before
+    anything is started."""
+    defences = defences or Defences()
     listen_addrs = [parse_listen_addr(a) for a in listen]
     for maddr in listen_addrs:
         probe_port_free(maddr)
@@ -353,12 +365,14 @@ async def open_host(
         key_pair=identity.libp2p_keypair(),
         sec_opt=noise_only(identity),
         muxer_opt=yamux_only(),
-        connection_config=ConnectionConfig(max_connections_per_peer=1),
+        connection_config=defences.connection_config(max_connections_per_peer=1),
+        resource_manager=defences.resource_manager(),
         enable_mDNS=False,
         enable_upnp=False,
         listen_addrs=listen_addrs,
         addrs_factory=book,
     )
+    install_defences(host, defences, Refusals(on_refusal))
     install_circuit_aware_addrs(host)
     # Our bootstrap keeper owns the backoff between attempts; libp2p's own three retries would only stack on it.
     host.get_network().retry_config = RetryConfig(max_retries=0)  # type: ignore[attr-defined]
@@ -368,4 +382,4 @@ async def open_host(
             yield P2PHost(host, addresses=book)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await host.close()
+                await close_fast(host, grace=defences.close_grace)

@@ -1,0 +1,292 @@
+"""Attackers and stock hosts for the connection-level defence tests (transports/hardening), and for the benchmark.
+
+- `stock_host` builds a libp2p host exactly as `open_host` built it before the defences (Noise only, yamux only, one
+  connection per peer, no mDNS, UPnP or auto-connector), so that each attack is first shown to work on it.
+- `dial_from` makes a full libp2p connection (TCP, Noise, yamux) from a chosen loopback source address: as root
+  the test owns all of 127.0.0.0/8, so attackers bind to 127.0.1.x and honest peers dial from 127.0.0.1.
+- `idle_sockets` opens raw TCP sockets that never speak, and `dropped` tells which of them the node closed.
+- `push_past_window` writes yamux DATA frames straight onto a session, skipping the send-window wait of
+  `YamuxStream.write`, which is what any hostile implementation does.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost, IMuxedConn, INetStream
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE, TYPE_DATA, YAMUX_HEADER_FORMAT
+from libp2p.transport.tcp.tcp import TCP
+from libp2p.transport.upgrader import TransportUpgrader
+
+from mesh.identity import NodeIdentity
+from transports.hardening import Refusal
+from transports.p2p import noise_only, yamux_only
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def attacker_ip(i: int) -> str:
+    """The i-th attacker source address, 127.0.1.1 onwards (never 127.0.0.1, the honest peers' address)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+class RefusalLog(Counter[Refusal]):
+    """A `RefusalSink` for tests: `open_host(..., on_refusal=log)` counts each refusal by reason."""
+
+    def __call__(self, reason: Refusal) -> None:
+        self[reason] += 1
+
+
+def build_stock_host(identity: NodeIdentity | None = None, **options: Any) -> IHost:
+    identity = identity or NodeIdentity.generate()
+    kwargs: dict[str, Any] = {
+        "key_pair": identity.libp2p_keypair(),
+        "sec_opt": noise_only(identity),
+        "muxer_opt": yamux_only(),
+        "connection_config": ConnectionConfig(max_connections_per_peer=1),
+        "enable_mDNS": False,
+        "enable_upnp": False,
+    }
+    kwargs.update(options)
+    return new_host(**kwargs)
+
+
+@asynccontextmanager
+async def running(host: IHost, listen: Sequence[str] = ()) -> AsyncIterator[IHost]:
+    """Run a libp2p host built here (stock, or an attacker's) with its auto-connector stopped."""
+    async with host.run(listen_addrs=[multiaddr.Multiaddr(a) for a in listen]):
+        auto_connector = getattr(host.get_network(), "auto_connector", None)
+        if auto_connector is not None:
+            await auto_connector.stop()
+        try:
+            yield host
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(3):
+                await host.close()
+
+
+@asynccontextmanager
+async def stock_host(listen: Sequence[str] = (LOOPBACK,), **options: Any) -> AsyncIterator[IHost]:
+    async with running(build_stock_host(**options), listen) as host:
+        yield host
+
+
+def full_addr(host: IHost) -> str:
+    return str(host.get_addrs()[0])
+
+
+def tcp_port(maddr: str) -> int:
+    return int(multiaddr.Multiaddr(maddr).value_for_protocol("tcp"))
+
+
+async def dial_from(host: IHost, source_ip: str, maddr: str) -> Any:
+    """A full libp2p connection from `source_ip` to `maddr` (`/ip4/…/tcp/N/p2p/<id>`); the SwarmConn."""
+    info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
+    raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
+    swarm = host.get_network()
+    return await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
+
+
+async def try_dial_from(host: IHost, source_ip: str, maddr: str, *, timeout: float = 5.0) -> bool:
+    """True when the connection came up, and is still up once identify ran over it; False when it was refused."""
+    try:
+        with trio.fail_after(timeout):
+            conn = await dial_from(host, source_ip, maddr)
+    except (Exception, trio.TooSlowError):
+        return False
+    return not conn.is_closed
+
+
+async def disconnect_all(host: IHost) -> None:
+    for peer in list(host.get_connected_peers()):
+        await host.disconnect(peer)
+
+
+def accept_backlog(host: IHost) -> int:
+    """Connections the kernel completed that `host` has not accepted yet (TCP_INFO's `tcpi_unacked` of a listening
+    socket is its accept queue)."""
+    queued = 0
+    for listener in host.get_network().listeners.values():
+        for trio_listener in getattr(listener, "listeners", []):  # TCPListener's trio SocketListeners
+            info = trio_listener.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            queued += struct.unpack_from("I", info, 24)[0]
+    return queued
+
+
+# libp2p listens with a backlog of 128: a burst of connects past it waits in the kernel, unaccepted, for SYN-ACK
+# retransmits. The attack opens its sockets in batches the node has accepted, so that every socket is in play.
+_ACCEPT_BATCH = 100
+
+
+@asynccontextmanager
+async def idle_sockets(
+    node: IHost, sources: Sequence[str], *, port: int | None = None
+) -> AsyncIterator[list[trio.socket.SocketType]]:
+    """One connected, silent TCP socket per entry of `sources` (repeat an address for several) to `node`, each
+    accepted by it before this yields."""
+    port = port or tcp_port(full_addr(node))
+    socks: list[trio.socket.SocketType] = []
+    try:
+        for start in range(0, len(sources), _ACCEPT_BATCH):
+            for source in sources[start : start + _ACCEPT_BATCH]:
+                sock = trio.socket.socket()
+                await sock.bind((source, 0))
+                await sock.connect(("127.0.0.1", port))
+                socks.append(sock)
+            with trio.fail_after(30):
+                while accept_backlog(node):
+                    await trio.sleep(0.005)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+async def wait_closed_by_peer(sock: trio.socket.SocketType) -> None:
+    """Until the other end closes `sock` (the node speaks first, a multistream header: read past it to EOF)."""
+    try:
+        while await sock.recv(4096):
+            pass
+    except OSError:
+        pass  # reset by the node: closed too
+
+
+async def fresh_peer(source_ip: str, maddr: str) -> IMuxedConn | None:
+    """A connection from a brand-new key: TCP, Noise and yamux negotiated, then left open and silent (our side
+    of the session is not even started). None when the node refused it."""
+    identity = NodeIdentity.generate()
+    upgrader = TransportUpgrader(noise_only(identity), yamux_only())
+    target = peer_id(maddr)
+    try:
+        with trio.fail_after(10):
+            raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
+            secured = await upgrader.upgrade_security(raw, True, target)
+            return await upgrader.upgrade_connection(secured, target)
+    except (Exception, trio.TooSlowError):
+        return None
+
+
+def tcp_part(maddr: str) -> multiaddr.Multiaddr:
+    """`/ip4/…/tcp/N` of a full `/ip4/…/tcp/N/p2p/<id>`."""
+    return multiaddr.Multiaddr(maddr).decapsulate_code(multiaddr.protocols.P_P2P)
+
+
+async def close_all(conns: list[IMuxedConn]) -> None:
+    for conn in conns:
+        with trio.move_on_after(1):
+            await conn.secured_conn.close()  # type: ignore[attr-defined]
+
+
+def data_frame(stream_id: int, size: int) -> bytes:
+    return struct.pack(YAMUX_HEADER_FORMAT, 0, TYPE_DATA, 0, stream_id, size) + b"a" * size
+
+
+async def push_past_window(stream: INetStream, total: int, *, frame: int = 65536 - HEADER_SIZE) -> int:
+    """Write `total` bytes of DATA frames on `stream` without waiting for window; the bytes written before the
+    node closed the session (all of them when it never did)."""
+    muxed: Any = stream.muxed_stream  # type: ignore[attr-defined]
+    conn, stream_id = muxed.conn, muxed.stream_id
+    block = data_frame(stream_id, frame)
+    sent = 0
+    try:
+        while sent < total:
+            await conn._write_frame(block)
+            sent += frame
+    except Exception:
+        return sent
+    return sent
+
+
+def peer_id(maddr: str) -> ID:
+    return info_from_p2p_addr(multiaddr.Multiaddr(maddr)).peer_id
+
+
+class NodeProcess:
+    """A `tests.hardening_node` process: its address, its pid, and the refusals it reported so far."""
+
+    def __init__(self, process: trio.Process, addr: str) -> None:
+        self.process = process
+        self.addr = addr
+        self.refusals: Counter[str] = Counter()
+
+    @property
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS line")  # a kernel without it: nothing here would work
+
+    async def _read_reports(self, lines: Any) -> None:
+        async for line in lines:
+            if line.startswith("refusal "):
+                self.refusals[line.split(" ", 1)[1]] += 1
+
+
+class _Lines:
+    """Lines of a process's stdout, as they come."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def next(self) -> str | None:
+        while b"\n" not in self.buffer:
+            chunk = await self.stream.receive_some(4096)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode()
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self.next()
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+
+@asynccontextmanager
+async def node_process(kind: str) -> AsyncIterator[NodeProcess]:
+    """Run `python -m tests.hardening_node KIND` (stock or hardened) until the block ends."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tests.hardening_node", kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root
+    )
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        lines = _Lines(process.stdout)
+        with trio.fail_after(30):
+            addr = await lines.next()
+        if addr is None:
+            raise RuntimeError(f"the {kind} node exited before it listened")
+        node = NodeProcess(process, addr)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node._read_reports, lines)
+            yield node
+            await process.stdin.aclose()
+            with trio.move_on_after(10):
+                await process.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -7,6 +7,7 @@ import json
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +16,11 @@ import trio
 
 from executor.contract import ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
-from mesh.gate import SandboxMode
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig, OfferOutcome
 
 if TYPE_CHECKING:
+    from mesh.config import NodeSettings
     from transports.ble.transport import BleRadio
 
 log = structlog.get_logger("edgecoder.cli")
@@ -28,15 +29,17 @@ log = structlog.get_logger("edgecoder.cli")
 @dataclass
 class NodeOptions:
     identity: NodeIdentity
-    listen: list[str]
-    peers: list[str]
-    sandbox_mode: SandboxMode
-    metrics_port: int | None = None
-    coordinator: str | None = None
-    ble: bool = False
+    settings: NodeSettings
     ble_sim: bool = False
-    ble_hci: str | None = None
     state_root: Path | None = None
+
+    @property
+    def ble(self) -> bool:
+        return self.settings.ble
+
+    @property
+    def ble_hci(self) -> str | None:
+        return self.settings.ble_hci
 
 
 @contextlib.asynccontextmanager
@@ -55,42 +58,76 @@ async def open_ble_radio(options: NodeOptions) -> AsyncIterator[BleRadio | None]
         yield radio
 
 
+def node_config(options: NodeOptions) -> NodeConfig:
+    s = options.settings
+    return NodeConfig(
+        identity=options.identity,
+        listen=s.listen,
+        peers=s.bootstrap,
+        sandbox_mode=s.sandbox_mode,  # type: ignore[arg-type]
+        executor_policy=s.executor_policy,
+        intake_policy=s.intake_policy,
+        heartbeat_interval=s.heartbeat_interval_s,
+        state_root=options.state_root,
+        announce=s.announce,
+        mdns=s.mdns,
+        relay_service=s.relay_service,
+        isolation=s.isolation,
+    )
+
+
 async def run_node(options: NodeOptions) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly: runs are aborted and no container is left behind."""
-    config = NodeConfig(
-        identity=options.identity,
-        listen=options.listen,
-        peers=options.peers,
-        sandbox_mode=options.sandbox_mode,
-        state_root=options.state_root,
-    )
+    settings = options.settings
+    config = node_config(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_ble_radio(options) as ble_radio, MeshNode.open(config) as node, trio.open_nursery() as nursery:
-            if options.metrics_port is not None:
+            ready: dict[str, Any] = {
+                "event": "ready",
+                "peerId": node.peer_id,
+                "addrs": node.addrs,
+                "sandboxMode": node.gate.reported_mode,
+                "reason": node.gate.status.reason,
+            }
+            if settings.metrics_bind is not None:
                 from mesh.metrics_server import serve_metrics
+                from mesh.status import health, node_status
 
-                await nursery.start(serve_metrics, node.metrics, options.metrics_port)
-            if options.coordinator:
+                host, port = settings.metrics_bind
+                urls = await nursery.start(
+                    partial(
+                        serve_metrics,
+                        node.metrics,
+                        port,
+                        host,
+                        status=lambda: node_status(node),
+                        health=lambda: health(node),
+                    )
+                )
+                ready["metrics"] = urls[0]
+                ready["metricsPort"] = int(urls[0].rsplit(":", 1)[1])
+            if settings.coordinator_url:
                 from transports.coordinator import CoordinatorPullTransport
 
                 puller = CoordinatorPullTransport(
-                    options.coordinator, options.identity, node.intake, lambda: node.gate.reported_mode
+                    settings.coordinator_url,
+                    options.identity,
+                    node.intake,
+                    lambda: node.gate.reported_mode,
+                    coordinator_key=settings.coordinator_key,
                 )
                 nursery.start_soon(puller.run)
+                ready["coordinator"] = settings.coordinator_url
             if ble_radio is not None:
                 await nursery.start(node.run_ble, ble_radio)
-            print(
-                json.dumps(
-                    {
-                        "event": "ready",
-                        "peerId": node.peer_id,
-                        "addrs": node.addrs,
-                        "sandboxMode": node.gate.reported_mode,
-                        "reason": node.gate.status.reason,
-                    }
-                ),
-                flush=True,
+            log.info(
+                "node started",
+                peer=node.peer_id,
+                config=None if settings.resolved.file is None else str(settings.resolved.file),
+                concurrency=settings.executor_policy.max_concurrent,
+                queue_size=settings.intake_policy.queue_size,
             )
+            print(json.dumps(ready), flush=True)
             async for signum in signals:
                 log.info("shutting down", signal=signal.Signals(signum).name)
                 await node.drain()
@@ -171,24 +208,37 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     if options.ble_hci is not None:
         return await run_ble_offer(options)
     from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from mesh.offers import TaskOffer
     from mesh.reasons import Reason, Rejection
 
+    def too_large(raw: bytes) -> OfferTooLarge | None:
+        if len(raw) <= DEFAULT_MAX_MESSAGE_BYTES:
+            return None
+        return OfferTooLarge(
+            f"the signed offer is {len(raw):,} bytes; a node takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}: "
+            "send less code or --input"
+        )
+
+    fields: dict[str, Any] = {
+        "language": options.language,
+        "code": options.code,
+        "input": options.input,
+        "limits": options.limits,
+        "sandbox": options.sandbox,
+        "ttl_ms": int(max(60.0, options.wait_s * 2) * 1000),
+    }
+    # Sized before anything is dialled (bootstrap peers included): the node's own addresses, which it learns only
+    # once it listens, add a few hundred bytes at most, and are checked again below.
+    provisional = TaskOffer.create(options.identity, reply_to=(), **fields).sign(options.identity)
+    if (error := too_large(provisional)) is not None:
+        raise error
     config = NodeConfig(identity=options.identity, peers=options.peers, sandbox_mode="none")
     outcome: OfferOutcome | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
-            raw = node.make_offer(
-                language=options.language,
-                code=options.code,
-                input=options.input,
-                limits=options.limits,
-                sandbox=options.sandbox,
-                ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
-            )
-            if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:
-                raise OfferTooLarge(
-                    f"the signed offer is {len(raw):,} bytes; a node takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}"
-                )
+            raw = node.make_offer(**fields)
+            if (error := too_large(raw)) is not None:
+                raise error
 
             async def interrupt() -> None:
                 async for _ in signals:

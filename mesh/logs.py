@@ -10,8 +10,13 @@ import sys
 
 import structlog
 
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
-def configure(*, json_lines: bool = False, level: int = logging.INFO) -> None:
+
+def configure(*, json_lines: bool = False, level: int = logging.INFO, level_name: str | None = None) -> None:
+    """`level_name` (debug, info, warning, error: the `log.level` setting) wins over `level` when given."""
+    if level_name is not None:
+        level = LEVELS[level_name]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
     )

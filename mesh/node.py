@@ -40,6 +40,7 @@ from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_resul
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.state import StateDir
+from mesh.status import JobLog
 from transports.bootstrap import Bootstrapper
 from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
@@ -77,6 +78,13 @@ class NodeConfig:
     # journal, so that an offer id spent before a restart stays spent. None: no lock, replay memory in RAM only
     # (tests and simulations, which run many nodes in one process).
     state_root: Path | None = None
+    # Operator settings of the swarm (issue 12) and isolation (issue 14) work, carried from the CLI and
+    # edgecoder.toml: addresses announced instead of the listen ones, mDNS (None: on when listening beyond
+    # loopback), serving as a circuit relay, and the sandbox runtime.
+    announce: Sequence[str] = ()
+    mdns: bool | None = None
+    relay_service: bool = False
+    isolation: str = "runc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,8 @@ class MeshNode:
             replay_journal=None if state is None else state.replay_journal,
         )
         self.metrics.participating.set_function(lambda: float(self.gate.participating))
+        self.metrics.queue_depth.set_function(lambda: float(self.intake.queue_depth))
+        self.metrics.peers_connected.set_function(lambda: float(len(p2p.connected_peers())))
         if executor is not None:
             self.metrics.pool_ready.set_function(lambda: float(executor.stats().pool_ready))
             self.metrics.runs_in_flight.set_function(lambda: float(executor.stats().runs_in_flight))
@@ -144,6 +154,8 @@ class MeshNode:
         self._workers_done = trio.Event()
         # Offer ids whose code this node ran in a container, newest last, for tests, simulations and `jobs`; bounded.
         self.ran: collections.deque[bytes] = collections.deque(maxlen=RAN_HISTORY)
+        # The jobs in the workers' hands and the last ones answered, for `/status` and `edgecoder jobs`.
+        self.job_log = JobLog()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -264,10 +276,12 @@ class MeshNode:
         """
         offer = job.received.offer
         answered = False
+        record = self.job_log.taken(job)
 
         async def answer(result: ExecResult) -> None:
             nonlocal answered
             answered = True
+            self.job_log.answered(record, result)
             await self._reply(job, result)
 
         try:
@@ -287,6 +301,7 @@ class MeshNode:
                     log.exception("could not answer a failed job", offer=offer.offer_id.hex())
         finally:
             self.intake.finished(job)
+            self.job_log.done(job, record, abandoned=job.delivery.scope.cancelled_caught)
 
     async def _handle(self, job: Job, answer: Callable[[ExecResult], Awaitable[None]]) -> None:
         offer = job.received.offer
@@ -310,6 +325,7 @@ class MeshNode:
         with job.delivery.scope:
             granted = await self._claim(job)
             if granted:
+                self.job_log.running(job)
                 result = await self._run(job)
         if job.delivery.scope.cancelled_caught:
             log.info("offer abandoned by its offerer", offer=offer.offer_id.hex(), claimed=granted)

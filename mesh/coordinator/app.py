@@ -30,6 +30,7 @@ from mesh.identity import NodeIdentity
 from mesh.jsontext import JsonError, parse_json
 from mesh.limits import RateLimiter
 from mesh.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
+from mesh.peerid import ed25519_peer_id
 from mesh.reasons import Reason, Rejected, Rejection
 
 log = structlog.get_logger("edgecoder.coordinator")
@@ -295,6 +296,8 @@ class Coordinator:
                 "taskId": row.task_id,
                 "state": row.state,
                 "claimedBy": row.claimed_by,
+                # The same agent as people know it (a node's PeerID), beside the key its requests are signed with.
+                "claimedByPeerId": None if row.claimed_by is None else ed25519_peer_id(bytes.fromhex(row.claimed_by)),
                 "claims": row.claims,
                 "reason": row.reason,
                 "detail": row.detail,

@@ -231,6 +231,12 @@ def run(argv: list[str] | None = None) -> None:
     """
     try:
         code = main.main(args=argv, prog_name="edgecoder", standalone_mode=False)
+    except click.UsageError as exc:
+        # One line, like every other refusal: click's usage block would push the reason off a small terminal.
+        where = exc.ctx.command_path if exc.ctx is not None else "edgecoder"
+        message = " ".join(exc.format_message().split())  # click lays some messages out over several lines
+        click.echo(f"Error: {message} (see: {where} --help)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -262,7 +268,7 @@ def keygen(out: Path, force: bool) -> None:
     try:
         identity.save(out, force=force)
     except KeyFileError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     click.echo(ed25519_peer_id(identity.public_key))
 
 

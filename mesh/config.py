@@ -613,18 +613,19 @@ def _refusal(setting: Setting, source: Source, reason: str) -> ConfigError:
     return ConfigError(f"{setting.key} from {source}: {reason}; it must be {setting.kind.describe()}")
 
 
-def read_file(path: Path) -> dict[str, tuple[Any, Source]]:
+def read_file(path: Path, named_by: Source | None = None) -> dict[str, tuple[Any, Source]]:
     """The file's settings as raw TOML values, by key. Unknown keys are refused, with the nearest known one."""
     source = Source("file", str(path))
+    where = f"config file {path}" + (f" (from {named_by})" if named_by is not None else "")
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist: fix --config or {CONFIG_ENV}") from None
+        raise ConfigError(f"{where} does not exist: fix --config or {CONFIG_ENV}") from None
     except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory: give the path of edgecoder.toml") from None
+        raise ConfigError(f"{where} is a directory: give the path of edgecoder.toml") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read {where}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     found: dict[str, tuple[Any, Source]] = {}
@@ -662,8 +663,8 @@ def resolve(
     to parse); keys it lacks fall through to the environment, the file and the defaults. Raises `ConfigError`."""
     env = os.environ if environ is None else environ
     flags = flags or {}
-    path, _ = config_path(config, env)
-    in_file = read_file(path) if path is not None else {}
+    path, named_by = config_path(config, env)
+    in_file = read_file(path, named_by) if path is not None else {}
     values: dict[str, Any] = {}
     sources: dict[str, Source] = {}
     for setting in SETTINGS:
@@ -757,7 +758,11 @@ def node_settings(resolved: Resolved) -> NodeSettings:
     from mesh.intake import IntakePolicy
 
     v = resolved.values
+    from executor.policy import MIN_CPUS
+
     policy = ExecutorPolicy(
+        # The smallest pool limits any ceilings admit, replaced below by the defaults forced into the ceilings.
+        pool_limits=Limits(timeout_ms=1, memory_mb=32, cpus=MIN_CPUS),
         image=v["executor.image"],
         max_timeout_ms=v["limits.max_timeout_ms"],
         max_memory_mb=v["limits.max_memory_mb"],

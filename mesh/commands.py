@@ -17,10 +17,11 @@ import trio
 from executor.contract import ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
 from mesh.identity import NodeIdentity
-from mesh.node import MeshNode, NodeConfig, OfferOutcome
 
 if TYPE_CHECKING:
+    # mesh.node brings libp2p (half a second): imported by the commands that run a node, never by `exec`.
     from mesh.config import NodeSettings
+    from mesh.node import NodeConfig, OfferOutcome
     from transports.ble.transport import BleRadio
 
 log = structlog.get_logger("edgecoder.cli")
@@ -59,6 +60,8 @@ async def open_ble_radio(options: NodeOptions) -> AsyncIterator[BleRadio | None]
 
 
 def node_config(options: NodeOptions) -> NodeConfig:
+    from mesh.node import NodeConfig
+
     s = options.settings
     return NodeConfig(
         identity=options.identity,
@@ -78,6 +81,8 @@ def node_config(options: NodeOptions) -> NodeConfig:
 
 async def run_node(options: NodeOptions) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly: runs are aborted and no container is left behind."""
+    from mesh.node import MeshNode
+
     settings = options.settings
     config = node_config(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -153,6 +158,7 @@ class OfferOptions:
 
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
     """Advertise the offer over BLE from an HCI radio, and wait for a nearby node's verified result."""
+    from mesh.node import OfferOutcome
     from mesh.offers import TaskOffer
     from transports.ble.hci import HciSpec
     from transports.ble.offering import offer_over_ble
@@ -208,6 +214,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     if options.ble_hci is not None:
         return await run_ble_offer(options)
     from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from mesh.node import MeshNode, NodeConfig, OfferOutcome
     from mesh.offers import TaskOffer
     from mesh.reasons import Reason, Rejection
 

@@ -16,10 +16,8 @@ value of that kind is present.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -615,6 +613,8 @@ def _refusal(setting: Setting, source: Source, reason: str) -> ConfigError:
 
 def read_file(path: Path, named_by: Source | None = None) -> dict[str, tuple[Any, Source]]:
     """The file's settings as raw TOML values, by key. Unknown keys are refused, with the nearest known one."""
+    import tomllib
+
     source = Source("file", str(path))
     where = f"config file {path}" + (f" (from {named_by})" if named_by is not None else "")
     try:
@@ -637,6 +637,8 @@ def read_file(path: Path, named_by: Source | None = None) -> dict[str, tuple[Any
         for name, value in table.items():
             key = f"{section}.{name}"
             if key not in BY_KEY:
+                import difflib
+
                 near = difflib.get_close_matches(key, BY_KEY, n=1)
                 hint = f"; did you mean {near[0]}?" if near else "; see `edgecoder config show` for every key"
                 raise ConfigError(f"{path}: unknown setting {key}{hint}")

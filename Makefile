@@ -21,8 +21,9 @@ unit:
 	$(BIN)/pytest
 
 docs:
-	@if [ -f mkdocs.yml ]; then $(BIN)/mkdocs build --strict --quiet --site-dir /tmp/edgecoder-site; fi
+	@if [ -f mkdocs.yml ]; then NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir /tmp/edgecoder-site; fi
 
 bench: setup
 	$(BIN)/python benchmarks/bench_executor.py
 	$(BIN)/python benchmarks/bench_intake.py
+	$(BIN)/python benchmarks/bench_startup.py

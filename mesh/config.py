@@ -370,7 +370,7 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "The node's key file (`edgecoder keygen`); required.",
         "--key",
-        unset="none: required by `node`",
+        unset="required by `node`",
     ),
     Setting(
         "node.listen",

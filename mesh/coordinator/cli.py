@@ -180,8 +180,9 @@ def coordinator(
     max_queued_per_offerer: int,
     max_agents: int,
 ) -> None:
-    """Serve the coordinator (with --db and --listen): agents register, heartbeat, /pull signed offers and post
-    signed results back. `coordinator submit` enqueues work on one."""
+    """Serve a coordinator (--db, --listen), or submit work to one (`submit`).
+
+    Served, agents register, heartbeat, /pull signed offers and post signed results back."""
     if ctx.invoked_subcommand is not None:
         if db is not None or listen is not None:
             raise click.UsageError("--db and --listen serve a coordinator; give them without a subcommand")

@@ -72,10 +72,7 @@ def test_the_site_builds_strictly_and_fetches_nothing_from_outside(tmp_path: Pat
 
 
 def test_the_navigation_is_grouped_for_users() -> None:
-    class Loader(yaml.SafeLoader):
-        pass
-
-    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)  # noqa: S506
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     assert config["theme"]["name"] == "material" and config["theme"]["font"] is False
     assert [next(iter(entry)) for entry in config["nav"]] == NAV
     reference = next(entry["Reference"] for entry in config["nav"] if "Reference" in entry)

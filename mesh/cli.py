@@ -419,6 +419,11 @@ def node(ctx: click.Context, ble_sim: bool, **params: Any) -> None:
             raise InputError(f"node.ble_hci from {resolved.sources['node.ble_hci']}: {exc}") from None
         if ble_sim:
             raise click.UsageError("--ble-hci and --ble-sim name two different radios: give one of them")
+    if settings.key.is_dir():
+        raise InputError(
+            f"node.key from {resolved.sources['node.key']}: {settings.key} is a directory; give the key file "
+            "(make one with: edgecoder keygen --out node.key)"
+        )
     identity = load_identity(settings.key)
     from mesh.commands import NodeOptions, run_node
 

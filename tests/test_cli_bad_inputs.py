@@ -105,7 +105,7 @@ TABLE = [
     row("keygen", "--out", "{tmp}/no/such/dir/k", words="cannot write"),
     # -- node: the key ------------------------------------------------------------------------------------------
     row("node", "--sandbox-mode", "none", words="no key file: give --key PATH"),
-    row("node", "--key", "{tmp}", words="is not a regular file"),
+    row("node", "--key", "{tmp}", words="is a directory; give the key file"),
     row("node", "--key", "{loose}", words="chmod 600"),
     row("node", "--key", "{short}", words="exactly a 32-byte Ed25519 seed"),
     row("node", "--key", "{tmp}/missing.key", words="cannot read key file"),

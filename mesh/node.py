@@ -37,6 +37,7 @@ from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
 from mesh.metrics import NodeMetrics
 from mesh.offers import OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
+from mesh.peerid import ed25519_peer_id
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.state import StateDir
@@ -340,6 +341,7 @@ class MeshNode:
         log.info(
             "offer answered",
             offer=offer.offer_id.hex(),
+            offerer=ed25519_peer_id(offer.offerer),
             transport=job.delivery.transport,
             ok=result.ok,
             error_kind=result.error_kind and str(result.error_kind),

@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up what is missing first, and are quick when nothing is.
-.PHONY: demo test setup lint unit docs bench
+.PHONY: demo test setup lint unit docs bench fuzz
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,3 +27,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_executor.py
 	$(BIN)/python benchmarks/bench_intake.py
 	$(BIN)/python benchmarks/bench_startup.py
+
+# Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals.
+fuzz: setup
+	$(BIN)/python -m tests.fuzz --inputs 1000000

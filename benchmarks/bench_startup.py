@@ -148,7 +148,8 @@ def main() -> None:
             print(f"    {name:<44}{seconds * 1000:>8.1f}")
         if options.no_docker or shutil.which("docker") is None:
             return
-        from benchmarks.cli_baseline import cli_command
+        from cli_baseline import cli_command  # benchmarks/ is the script's directory
+
         from executor.policy import ExecutorPolicy
 
         code = work / "print1.py"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,7 +21,8 @@ from mesh.identity import NodeIdentity
 if TYPE_CHECKING:
     # mesh.node brings libp2p (half a second): imported by the commands that run a node, never by `exec`.
     from mesh.config import NodeSettings
-    from mesh.node import NodeConfig, OfferOutcome
+    from mesh.node import MeshNode, NodeConfig, OfferOutcome
+    from transports.base import Transport
     from transports.ble.transport import BleRadio
 
 log = structlog.get_logger("edgecoder.cli")
@@ -59,7 +60,7 @@ async def open_ble_radio(options: NodeOptions) -> AsyncIterator[BleRadio | None]
         yield radio
 
 
-def node_config(options: NodeOptions) -> NodeConfig:
+def node_config(options: NodeOptions, transports: Sequence[Transport] = ()) -> NodeConfig:
     from mesh.node import NodeConfig
 
     s = options.settings
@@ -76,6 +77,7 @@ def node_config(options: NodeOptions) -> NodeConfig:
         mdns=s.mdns,
         relay_service=s.relay_service,
         isolation=s.isolation,
+        transports=transports,
     )
 
 
@@ -84,61 +86,70 @@ async def run_node(options: NodeOptions) -> None:
     from mesh.node import MeshNode
 
     settings = options.settings
-    config = node_config(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_ble_radio(options) as ble_radio, MeshNode.open(config) as node, trio.open_nursery() as nursery:
-            ready: dict[str, Any] = {
-                "event": "ready",
-                "peerId": node.peer_id,
-                "addrs": node.addrs,
-                "sandboxMode": node.gate.reported_mode,
-                "reason": node.gate.status.reason,
-            }
-            if settings.metrics_bind is not None:
-                from mesh.metrics_server import serve_metrics
-                from mesh.status import health, node_status
-
-                host, port = settings.metrics_bind
-                urls = await nursery.start(
-                    partial(
-                        serve_metrics,
-                        node.metrics,
-                        port,
-                        host,
-                        status=lambda: node_status(node),
-                        health=lambda: health(node),
-                    )
-                )
-                ready["metrics"] = urls[0]
-                ready["metricsPort"] = int(urls[0].rsplit(":", 1)[1])
+        async with open_ble_radio(options) as ble_radio:
+            transports: list[Transport] = []
             if settings.coordinator_url:
                 from transports.coordinator import CoordinatorPullTransport
 
-                puller = CoordinatorPullTransport(
-                    settings.coordinator_url,
-                    options.identity,
-                    node.intake,
-                    lambda: node.gate.reported_mode,
-                    coordinator_key=settings.coordinator_key,
+                transports.append(
+                    CoordinatorPullTransport(
+                        settings.coordinator_url, options.identity, coordinator_key=settings.coordinator_key
+                    )
                 )
-                nursery.start_soon(puller.run)
-                ready["coordinator"] = settings.coordinator_url
             if ble_radio is not None:
-                await nursery.start(node.run_ble, ble_radio)
-            log.info(
-                "node started",
-                peer=node.peer_id,
-                config=None if settings.resolved.file is None else str(settings.resolved.file),
-                concurrency=settings.executor_policy.max_concurrent,
-                queue_size=settings.intake_policy.queue_size,
-            )
-            print(json.dumps(ready), flush=True)
-            async for signum in signals:
-                log.info("shutting down", signal=signal.Signals(signum).name)
-                await node.drain()
-                nursery.cancel_scope.cancel()
-                break
+                from transports.ble import BleRadioTransport
+
+                transports.append(BleRadioTransport(ble_radio, options.identity))
+            config = node_config(options, transports)
+            async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
+                await _serve_until_signalled(options, node, nursery, signals)
     print(json.dumps({"event": "stopped"}), flush=True)
+
+
+async def _serve_until_signalled(
+    options: NodeOptions, node: MeshNode, nursery: trio.Nursery, signals: AsyncIterator[int]
+) -> None:
+    settings = options.settings
+    ready: dict[str, Any] = {
+        "event": "ready",
+        "peerId": node.peer_id,
+        "addrs": node.addrs,
+        "sandboxMode": node.gate.reported_mode,
+        "reason": node.gate.status.reason,
+    }
+    if settings.metrics_bind is not None:
+        from mesh.metrics_server import serve_metrics
+        from mesh.status import health, node_status
+
+        host, port = settings.metrics_bind
+        urls = await nursery.start(
+            partial(
+                serve_metrics,
+                node.metrics,
+                port,
+                host,
+                status=lambda: node_status(node),
+                health=lambda: health(node),
+            )
+        )
+        ready["metrics"] = urls[0]
+        ready["metricsPort"] = int(urls[0].rsplit(":", 1)[1])
+    if settings.coordinator_url:
+        ready["coordinator"] = settings.coordinator_url
+    log.info(
+        "node started",
+        peer=node.peer_id,
+        config=None if settings.resolved.file is None else str(settings.resolved.file),
+        concurrency=settings.executor_policy.max_concurrent,
+        queue_size=settings.intake_policy.queue_size,
+    )
+    print(json.dumps(ready), flush=True)
+    async for signum in signals:
+        log.info("shutting down", signal=signal.Signals(signum).name)
+        await node.drain()
+        nursery.cancel_scope.cancel()
+        break
 
 
 @dataclass

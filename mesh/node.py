@@ -42,6 +42,7 @@ from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.state import StateDir
 from mesh.status import JobLog
+from transports.base import Service, Transport
 from transports.bootstrap import Bootstrapper
 from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
@@ -79,6 +80,9 @@ class NodeConfig:
     # journal, so that an offer id spent before a restart stays spent. None: no lock, replay memory in RAM only
     # (tests and simulations, which run many nodes in one process).
     state_root: Path | None = None
+    # More ways offers reach this node, beside its direct streams and gossip: a coordinator's /pull, BLE. Each is
+    # started with the others (`Transport.run(sink)`) and stopped with them.
+    transports: Sequence[Transport] = ()
     # Operator settings of the swarm (issue 12) and isolation (issue 14) work, carried from the CLI and
     # edgecoder.toml: addresses announced instead of the listen ones, mDNS (None: on when listening beyond
     # loopback), serving as a circuit relay, and the sandbox runtime.
@@ -137,10 +141,9 @@ class MeshNode:
         )
         self.executor = executor
         self.p2p = p2p
-        self.direct = DirectTransport(p2p, self.intake, self.desk, status=self.heartbeat, abort=self._abort_from_peer)
+        self.direct = DirectTransport(p2p, self.desk, status=self.heartbeat, abort=self._abort_from_peer)
         self.gossip = GossipTransport(
             p2p,
-            self.intake,
             self.direct,
             validate=self.intake.validate,
             heartbeat=self.heartbeat,
@@ -149,6 +152,10 @@ class MeshNode:
         )
         # Raises AddressError for a bad bootstrap address, before anything runs.
         self.bootstrap = Bootstrapper(p2p, config.peers)
+        # Everything that runs beside the workers, in the order it starts: offers are served (direct first, so that
+        # a peer's first stream finds its handler) before any peer is dialled.
+        self.transports: list[Transport] = [self.direct, self.gossip, *config.transports]
+        self.services: list[Service] = [self.bootstrap]
         self._nursery = nursery
         self._draining = False
         self._workers_left = 0
@@ -193,8 +200,10 @@ class MeshNode:
         # subscribes to offers, not even for a moment.
         await self._nursery.start(self.gate.run)
         self.gate.on_change(self._follow_gate)
-        await self._nursery.start(self.gossip.run)
-        await self._nursery.start(self.bootstrap.run)
+        for transport in self.transports:
+            await self._nursery.start(transport.run, self.intake)
+        for service in self.services:
+            await self._nursery.start(service.run)
         workers = self.config.executor_policy.max_concurrent if self.executor is not None else 0
         self._workers_left = workers
         for _ in range(workers):
@@ -216,16 +225,11 @@ class MeshNode:
         *,
         task_status: TaskStatus[BleTransport] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Take offers from nearby BLE peers on `radio` (`transports.ble.radios`, `.sim`), or BlueZ unchecked.
+        """Take offers from nearby BLE peers on `radio` too, started after the node (the demo and simulations add
+        a radio to a running node; `NodeConfig.transports` is the way to start one with it)."""
+        from transports.ble import BleRadioTransport  # bleak and bumble cost half a second: only for BLE nodes
 
-        The BLE transport follows `intake.participating`, so it stops scanning while the gate is closed.
-        """
-        from transports.ble import BleTransport  # bleak and bumble cost half a second: only for BLE nodes
-
-        backend = await radio.central_backend() if radio is not None else None
-        async with BleTransport.open(self.intake, claimant=self.identity, backend=backend) as transport:
-            task_status.started(transport)
-            await trio.sleep_forever()
+        await BleRadioTransport(radio, self.identity).run(self.intake, task_status=task_status)
 
     def heartbeat(self) -> dict[str, Any]:
         stats = self.executor.stats() if self.executor is not None else None

@@ -44,7 +44,7 @@ def docker_problem() -> str | None:
     global _docker_problem
     if _docker_problem is False:
         _docker_problem = _check_docker()
-    assert _docker_problem is not False
+    assert _docker_problem is not False and _docker_problem is not True
     return _docker_problem
 
 
@@ -74,7 +74,7 @@ def netns_problem() -> str | None:
     if _netns_problem is False:
         found = _probe_netns()
         _netns_problem = None if found is None else f"needs root and iproute2/iptables: {found}"
-    assert _netns_problem is not False
+    assert _netns_problem is not False and _netns_problem is not True
     return _netns_problem
 
 

@@ -115,7 +115,9 @@ class BleNode(Logged):
         super().__init__(args, log, env)
         assert self.process.stdout is not None
         first = self.process.stdout.readline()  # the contract: the first stdout line is the ready event
-        assert first, f"the node exited before ready: {log.read_text()[-2000:]}"
+        if not first:
+            code = self.process.wait(timeout=30)
+            raise AssertionError(f"the node exited ({code}) before ready: {log.read_text()[-2000:]!r}")
         self.ready = json.loads(first)
         assert self.ready["event"] == "ready", first
 
@@ -156,6 +158,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ble-hci")
     (path / "sum.py").write_text(SUM)
     keygen(path / "node.key")
+    keygen(path / "none-node.key")  # a node of its own: one key runs one node at a time
     keygen(path / "offerer.key")
     return path
 
@@ -231,7 +234,7 @@ def test_a_sandbox_mode_none_node_takes_nothing_over_ble(workdir: Path) -> None:
     node: BleNode | None = None
     try:
         env = {**os.environ, "SANDBOX_MODE": "none"}
-        node = BleNode(workdir / "node.key", controllers.spec(0), workdir / "none.log", env=env)
+        node = BleNode(workdir / "none-node.key", controllers.spec(0), workdir / "none.log", env=env)
         assert node.ready["sandboxMode"] == "none"
         code, answer, err = offer(workdir / "offerer.key", controllers.spec(1), workdir / "sum.py", "--wait-s", "4")
         assert code == 3, err

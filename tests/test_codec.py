@@ -213,6 +213,19 @@ def test_result_with_forged_executor_field_is_refused() -> None:
     assert info.value.reason == Reason.BAD_SIGNATURE
 
 
-def test_parse_does_no_signature_work() -> None:
+def test_parse_does_no_signature_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsing is the cheap part: the one signature check happens in `signature_valid`, and only there."""
+    import mesh.codec
+
+    calls: list[bytes] = []
+    real = mesh.codec.verify
+
+    def counting(public_key: bytes, signature: bytes, message: bytes) -> bool:
+        calls.append(message)
+        return real(public_key, signature, message)
+
+    monkeypatch.setattr(mesh.codec, "verify", counting)
     received = parse_offer(offer_at_now().sign(OFFERER))
+    assert calls == []
     assert received.digest == hashlib.sha256(received.raw).digest()
+    assert received.signature_valid() and len(calls) == 1

@@ -14,6 +14,7 @@ from mesh.config import (
     ConfigError,
     FloatRange,
     IntRange,
+    Setting,
     node_settings,
     resolve,
 )
@@ -126,8 +127,10 @@ RANGED = [s for s in SETTINGS if isinstance(s.kind, IntRange | FloatRange) and s
 
 @pytest.mark.parametrize("setting", RANGED, ids=[s.key for s in RANGED])
 @given(data=st.data())
-def test_a_number_is_kept_exactly_or_refused_never_clamped(setting, data) -> None:  # type: ignore[no-untyped-def]
+def test_a_number_is_kept_exactly_or_refused_never_clamped(setting: Setting, data: st.DataObject) -> None:
     kind = setting.kind
+    assert isinstance(kind, IntRange | FloatRange)
+    value: float
     if isinstance(kind, IntRange):
         value = data.draw(st.integers(kind.low - 1000, kind.high + 1000))
     else:

@@ -45,7 +45,7 @@ def refused(status: int, reason: str, retry_after: str | None = None) -> Answer:
 
 
 def one_task_then_none(task_id: str, offer: bytes) -> Any:
-    handed = []
+    handed: list[int] = []
 
     def pull() -> Answer:
         if handed:
@@ -68,10 +68,8 @@ async def run_against(
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         sink = ReplyingSink(nursery)
-        transport = CoordinatorPullTransport(
-            server.url, NodeIdentity.generate(), sink, lambda: "docker", poll_interval=0.05, max_backoff=2.0
-        )
-        nursery.start_soon(transport.run)  # an exception here would fail the test: the nursery re-raises it
+        transport = CoordinatorPullTransport(server.url, NodeIdentity.generate(), poll_interval=0.05, max_backoff=2.0)
+        await nursery.start(transport.run, sink)  # an exception here would fail the test: the nursery re-raises it
         with trio.fail_after(timeout):
             while not until(server, sink):
                 await trio.sleep(0.02)
@@ -160,10 +158,8 @@ def test_a_coordinator_cannot_make_the_client_flood_it_with_heartbeats() -> None
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
-            transport = CoordinatorPullTransport(
-                server.url, NodeIdentity.generate(), ReplyingSink(nursery), lambda: "docker", poll_interval=0.5
-            )
-            nursery.start_soon(transport.run)
+            transport = CoordinatorPullTransport(server.url, NodeIdentity.generate(), poll_interval=0.5)
+            await nursery.start(transport.run, ReplyingSink(nursery))
             await transport.registered.wait()
             await trio.sleep(1.0)
             nursery.cancel_scope.cancel()

@@ -30,7 +30,7 @@ def task_row(db: Path, task_id: str) -> tuple[str, str | None, int, int]:
         row = conn.execute(
             "SELECT state, claimed_by, claims, lapses FROM tasks WHERE task_id = ?", (task_id,)
         ).fetchone()
-    return row  # type: ignore[no-any-return]
+    return row
 
 
 def test_silent_agents_task_is_requeued_after_its_lease(tmp_path: Path) -> None:

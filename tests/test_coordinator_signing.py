@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ IDENTITY = NodeIdentity(bytes(range(32)))
 NOW = 1_800_000_000_000
 
 
-def headers(body: bytes = b"{}", **kw: object) -> dict[str, str]:
+def headers(body: bytes = b"{}", **kw: Any) -> dict[str, str]:
     return signing.sign_request(IDENTITY, "POST", "/pull", body, timestamp_ms=NOW, **kw)
 
 
@@ -41,7 +43,7 @@ def test_round_trip() -> None:
         ({"body": b"{ }"}, "bad_signature"),
     ],
 )
-def test_every_signed_part_is_covered(change: dict[str, object], reason: str) -> None:
+def test_every_signed_part_is_covered(change: dict[str, Any], reason: str) -> None:
     assert reason_of(headers(), **change) == reason
 
 

@@ -252,7 +252,8 @@ def test_the_node_launcher_waits_for_ready_stops_cleanly_restarts_and_reports_fa
     assert peer.connected_to(a)
 
     again = node.restart()
-    assert node.popen.returncode == 0 and node.wait_event("stopped", timeout=1)
+    assert node.popen.returncode == 0, f"exit {node.popen.returncode}: {node.stderr()[-3000:]}"
+    assert node.wait_event("stopped", timeout=1)
     assert (again.peer_id, again.addr) == (node.peer_id, node.addr)  # same key, same port
     assert again.log_path != node.log_path and "shutting down" in node.stderr()
 

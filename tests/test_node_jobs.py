@@ -68,7 +68,7 @@ def test_a_failure_inside_one_job_is_answered_and_counted_and_the_worker_takes_t
                     raise RuntimeError("injected fault")
                 return await real_run(*args, **kwargs)
 
-            node.executor.run_code = failing_once  # type: ignore[method-assign]
+            node.executor.run_code = failing_once
             first = await offerer.offer_direct(node.addrs[0], offerer.make_offer(language="python", code="print(1)"))
             assert first.result is not None
             result = first.result.result

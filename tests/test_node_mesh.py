@@ -310,7 +310,7 @@ def test_gossip_claims_do_not_wait_for_heartbeats() -> None:
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
-            slow = {"heartbeat_interval": 600.0, "executor_policy": sandbox_policy()}
+            slow: dict[str, Any] = {"heartbeat_interval": 600.0, "executor_policy": sandbox_policy()}
             runner = await stack.enter_async_context(
                 MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), **slow))
             )

@@ -77,7 +77,8 @@ async def nodes(
         ):
             sink, desk = RecordingSink(participating=takes_offers), FakeDesk()
             sink.nursery = nursery
-            direct = DirectTransport(host, sink, desk)
+            direct = DirectTransport(host, desk)
+            await nursery.start(direct.run, sink)
             node = Node(identity, host, sink, desk, direct, None, mode)  # type: ignore[arg-type]
 
             def recording(raw: bytes, node: Node = node, validate: Any = validate) -> Rejection | None:
@@ -94,14 +95,13 @@ async def nodes(
 
             node.gossip = GossipTransport(
                 host,
-                sink,
                 direct,
                 validate=recording,
                 heartbeat=beat,
                 on_heartbeat=on_heartbeat,
                 heartbeat_interval=0.2,
             )
-            await nursery.start(node.gossip.run)
+            await nursery.start(node.gossip.run, sink)
             made.append(node)
         yield made
 
@@ -238,4 +238,4 @@ def test_a_withdrawn_node_hears_no_offers_is_still_heard_and_can_rejoin() -> Non
             assert third not in b.sink.raws()
             assert OFFERS_TOPIC not in b.gossip.pubsub.topic_ids
 
-    run_trio(main, deadline=30)
+    run_trio(main, deadline=90)

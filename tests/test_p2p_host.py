@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import multiaddr
 import pytest
 from libp2p import new_host
@@ -52,16 +50,16 @@ def test_a_plaintext_only_dialer_is_refused_and_a_noise_dialer_connects() -> Non
     run_trio(main)
 
 
-def test_connect_is_not_held_by_the_250_ms_dial_fallback() -> None:
-    # A guard on the `max_connections_per_peer=1` override, not a benchmark: the default config costs 250 ms a dial.
+def test_our_hosts_never_arm_the_250_ms_dial_fallback() -> None:
+    """py-libp2p waits 250 ms on a dial-fallback timer whenever a peer may hold more than one connection; our hosts
+    allow one. A pin of that override (the connect latency itself is a benchmark's business: bench_e2e.py)."""
+
     async def main() -> None:
         async with open_host(NodeIdentity.generate(), [LOOPBACK]) as server:
-            for _ in range(3):
-                async with open_host(NodeIdentity.generate(), [LOOPBACK]) as client:
-                    started = time.perf_counter()
-                    await client.connect(server.addrs[0])
-                    elapsed_ms = (time.perf_counter() - started) * 1000
-                    assert elapsed_ms < 150, f"connect took {elapsed_ms:.0f} ms"
+            config = server.host.get_network().connection_config  # type: ignore[attr-defined]
+            assert isinstance(config, ConnectionConfig) and config.max_connections_per_peer == 1
+            async with open_host(NodeIdentity.generate(), [LOOPBACK]) as client:
+                assert await client.connect(server.addrs[0]) == server.peer_id
 
     run_trio(main)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -58,3 +58,24 @@ class OfferSink(Protocol):
     def participating(self) -> bool:
         """False while the sandbox gate has withdrawn the node: transports stop taking offers."""
         ...
+
+
+class Transport(Protocol):
+    """A way offers reach the node (direct streams, gossip, BLE, a coordinator's /pull): one lifecycle for all.
+
+    `run` serves until cancelled, delivering into `sink`; it calls `task_status.started()` once it takes offers, so
+    the node starts each with `nursery.start(transport.run, sink)`, and one cancel drains them all.
+    """
+
+    name: str
+
+    async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+class Service(Protocol):
+    """What the node runs beside its transports that takes no offers (bootstrap, discovery, relay): the same
+    lifecycle, without a sink."""
+
+    name: str
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...

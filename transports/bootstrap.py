@@ -32,6 +32,8 @@ class _Peer:
 
 
 class Bootstrapper:
+    name = "bootstrap"
+
     def __init__(
         self,
         host: P2PHost,

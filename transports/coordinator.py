@@ -1,9 +1,10 @@
 """The coordinator pull transport: the node as an agent of a coordinator (`mesh/coordinator/`), pulling queued offers.
 
-Like every transport it knows nothing of Docker: it is told the sandbox mode (`sandbox_mode()`, the gate's view) and
-whether the node takes remote work (`sink.participating`). It always registers and heartbeats, reporting the sandbox
-mode honestly, and it calls `/pull` only while the mode is "docker" and the sink participates. Both are read just
-before each pull, so a withdrawn gate stops the pulling at the next poll.
+Like every transport it knows nothing of Docker: it knows only whether the node takes remote work
+(`sink.participating`, the sandbox gate's view), which is exactly the sandbox mode it reports: `docker` while the
+node participates, `none` otherwise. It always registers and heartbeats, reporting the mode honestly, and calls
+`/pull` only while the sink participates, read just before each pull, so a withdrawn gate stops the pulling at
+the next poll.
 
 A pulled task is already claimed by `/pull`, so its `Delivery.claim` returns True without asking anyone. Its reply
 POSTs the signed result to `/tasks/{id}/result`. If the sink refuses the offer, the refusal goes back to
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +71,26 @@ def _retry_after(value: str | None, cap: float) -> float | None:
 
 
 def _json_answer(response: httpx.Response, path: str) -> Any:
+    return _json_content(response.content, path)
+
+
+def _json_content(content: bytes, path: str) -> Any:
     try:
-        return parse_json(response.content, max_bytes=MAX_ANSWER_BYTES)
+        return parse_json(content, max_bytes=MAX_ANSWER_BYTES)
     except JsonError as exc:
         raise ValueError(f"{path} answered with JSON we do not take: {exc}") from None
+
+
+def parse_pull_answer(content: bytes) -> PulledTask | None:
+    """A `/pull` answer's task, None when the queue had nothing, or `ValueError` for anything else."""
+    answer = _json_content(content, "/pull")
+    try:
+        task = answer["task"]
+        if task is None:
+            return None
+        return PulledTask(str(task["taskId"])[:64], base64.b64decode(task["offer"], validate=True))
+    except (KeyError, TypeError, IndexError) as exc:  # ValueError (bad base64) passes through as it is
+        raise ValueError(f"/pull answered with an unexpected shape: {type(exc).__name__}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,18 +104,13 @@ async def _already_claimed() -> bool:
     return True
 
 
-def _reported_mode(mode: str) -> str:
-    # The coordinator knows two modes; anything short of a working Docker sandbox is "none".
-    return "docker" if mode == "docker" else "none"
-
-
 class CoordinatorPullTransport:
+    name = TRANSPORT_NAME
+
     def __init__(
         self,
         url: str,
         identity: NodeIdentity,
-        sink: OfferSink,
-        sandbox_mode: Callable[[], str],
         *,
         poll_interval: float = 1.0,
         heartbeat_interval: float | None = None,
@@ -114,8 +125,7 @@ class CoordinatorPullTransport:
         """
         self.url = url.rstrip("/")
         self.identity = identity
-        self.sink = sink
-        self.sandbox_mode = sandbox_mode
+        self.sink: OfferSink | None = None  # set by run()
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.max_backoff = max_backoff
@@ -131,8 +141,12 @@ class CoordinatorPullTransport:
 
     # -- running ---------------------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Register, then heartbeat and pull until cancelled. Network trouble is logged and retried, never raised."""
+    async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Register, then heartbeat and pull until cancelled. Network trouble is logged and retried, never raised.
+
+        Started at once: registration keeps retrying in the background while the coordinator is away."""
+        self.sink = sink
+        task_status.started()
         async with httpx.AsyncClient(base_url=self.url, timeout=self.request_timeout) as client:
             self._client = client
             try:
@@ -144,13 +158,17 @@ class CoordinatorPullTransport:
                 self._client = None
 
     def may_pull(self) -> bool:
-        return self.sandbox_mode() == "docker" and self.sink.participating
+        return self.sink is not None and self.sink.participating
+
+    def sandbox_mode(self) -> str:
+        """What this agent reports: `docker` exactly while the node takes remote work."""
+        return "docker" if self.may_pull() else "none"
 
     async def _register_until_done(self) -> float:
         backoff = self.poll_interval
         while True:
             try:
-                answer = await self._call_json("/agents/register", {"sandboxMode": _reported_mode(self.sandbox_mode())})
+                answer = await self._call_json("/agents/register", {"sandboxMode": self.sandbox_mode()})
             except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
                 log.warning("coordinator_register_failed", url=self.url, error=str(exc), retry_in=backoff)
                 await trio.sleep(backoff)
@@ -168,7 +186,7 @@ class CoordinatorPullTransport:
         while True:
             await trio.sleep(interval)
             try:
-                await self._call_json("/agents/heartbeat", {"sandboxMode": _reported_mode(self.sandbox_mode())})
+                await self._call_json("/agents/heartbeat", {"sandboxMode": self.sandbox_mode()})
             except CoordinatorRefused as exc:
                 if exc.reason == "unknown_agent":  # the coordinator lost its state: introduce ourselves again
                     await self._register_until_done()
@@ -207,7 +225,7 @@ class CoordinatorPullTransport:
     async def _pull_once(self) -> PulledTask | None:
         """One `/pull`. None when the queue has nothing for this agent. Raises on refusal or network failure."""
         self.pull_requests += 1
-        body = json.dumps({"sandboxMode": _reported_mode(self.sandbox_mode())}).encode()
+        body = json.dumps({"sandboxMode": self.sandbox_mode()}).encode()
         response, nonce = await self._send("POST", "/pull", body, JSON)
         if self.coordinator_key is not None and not signing.response_signature_valid(
             self.coordinator_key, response.headers.get(signing.COORDINATOR_SIGNATURE), nonce, response.content
@@ -215,20 +233,14 @@ class CoordinatorPullTransport:
             # A wrong pin or someone in the middle: back off like any failure (each such answer holds a claim that
             # lingers until the task's deadline, so pulling fast would only strand more tasks).
             raise ValueError("the /pull answer is not signed by the pinned coordinator key")
-        answer = _json_answer(response, "/pull")
-        try:
-            task = answer["task"]
-            if task is None:
-                return None
-            return PulledTask(str(task["taskId"])[:64], base64.b64decode(task["offer"], validate=True))
-        except (KeyError, TypeError) as exc:  # ValueError (bad base64) passes through as it is
-            raise ValueError(f"/pull answered with an unexpected shape: {type(exc).__name__}") from None
+        return parse_pull_answer(response.content)
 
     async def _deliver(self, task: PulledTask) -> Verdict:
         async def reply(raw: bytes) -> None:
             await self._post_result(task.task_id, raw)
 
         self.delivered += 1
+        assert self.sink is not None  # pulling happens only while run() holds a sink
         return await self.sink.deliver(
             Delivery(raw=task.offer, transport=TRANSPORT_NAME, sender=self.url, reply=reply, claim=_already_claimed)
         )

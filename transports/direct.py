@@ -189,10 +189,11 @@ class _OfferExchange:
 
 
 class DirectTransport:
+    name = "direct"
+
     def __init__(
         self,
         host: P2PHost,
-        sink: OfferSink,
         desk: OfferDesk,
         *,
         max_frame: int = 256 * 1024 + 1024,
@@ -204,7 +205,7 @@ class DirectTransport:
         self.host = host
         self.status = status
         self.abort = abort
-        self.sink = sink
+        self.sink: OfferSink | None = None  # set by run(): offers are refused until then
         self.desk = desk
         self.max_frame = max_frame
         self.stall_timeout = stall_timeout
@@ -213,13 +214,28 @@ class DirectTransport:
         self.refused: Counter[str] = Counter()
         self.active_handlers = 0
         self.aborted = 0  # jobs cancelled because their offerer stopped waiting
-        host.set_handler(OFFER_PROTOCOL, self._guarded(self._serve_offer))
-        host.set_handler(CLAIM_PROTOCOL, self._guarded(self._serve_claim))
-        host.set_handler(RESULT_PROTOCOL, self._guarded(self._serve_result))
-        if status is not None:
-            host.set_handler(STATUS_PROTOCOL, self._guarded(self._serve_status))
-        if abort is not None:
-            host.set_handler(ABORT_PROTOCOL, self._guarded(self._serve_abort))
+
+    async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the direct protocols until cancelled; the client methods work whether or not this runs."""
+        handlers = {
+            OFFER_PROTOCOL: self._serve_offer,
+            CLAIM_PROTOCOL: self._serve_claim,
+            RESULT_PROTOCOL: self._serve_result,
+        }
+        if self.status is not None:
+            handlers[STATUS_PROTOCOL] = self._serve_status
+        if self.abort is not None:
+            handlers[ABORT_PROTOCOL] = self._serve_abort
+        self.sink = sink
+        for protocol, serve in handlers.items():
+            self.host.set_handler(protocol, self._guarded(serve))
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            for protocol in handlers:
+                self.host.remove_handler(protocol)
+            self.sink = None
 
     # -- server side -------------------------------------------------------------------------------------------
 
@@ -255,12 +271,16 @@ class DirectTransport:
         raw = await self._read_request(stream, self.max_frame)
         if raw is None:
             return
-        if not self.sink.participating:
+        sink = self.sink
+        if sink is None:
+            await self._refuse(stream, Rejection(Reason.SHUTTING_DOWN, "this node is not serving offers"))
+            return
+        if not sink.participating:
             await self._refuse(stream, Rejection(Reason.SANDBOX_UNAVAILABLE, "this node is not taking offers"))
             return
         exchange = _OfferExchange(stream)
         delivery = Delivery(raw, "direct", sender=_remote_peer(stream), reply=exchange.reply)
-        verdict = await self.sink.deliver(delivery)
+        verdict = await sink.deliver(delivery)
         if not isinstance(verdict, Admitted):
             await self._refuse(stream, verdict)
             return

@@ -142,10 +142,11 @@ def _sender(msg: rpc_pb2.Message) -> str:
 
 
 class GossipTransport:
+    name = "gossip"
+
     def __init__(
         self,
         host: P2PHost,
-        sink: OfferSink,
         direct: DirectTransport,
         *,
         validate: ValidateFn,
@@ -154,7 +155,7 @@ class GossipTransport:
         heartbeat_interval: float = 15.0,
     ) -> None:
         self.host = host
-        self.sink = sink
+        self.sink: OfferSink | None = None  # set by run()
         self.direct = direct
         self.validate = validate
         self.heartbeat = heartbeat
@@ -163,8 +164,7 @@ class GossipTransport:
         # Counters: offers rejected by reason, heartbeats refused, queue drops, deliveries.
         self.stats: Counter[str] = Counter()
         self.router = GossipRouter()
-        self.pubsub = Pubsub(
-            host.host,
+        self.pubsub = host.new_pubsub(
             self.router,
             strict_signing=True,
             msg_id_constructor=message_id,
@@ -176,7 +176,7 @@ class GossipTransport:
         self._inbound_streams: dict[INetStream, trio.CancelScope] = {}
         self._closing = False
         for protocol in self.router.get_protocols():
-            host.host.set_stream_handler(protocol, self._read_pubsub_stream)
+            host.set_handler(protocol, self._read_pubsub_stream)
         self.pubsub.set_topic_validator(OFFERS_TOPIC, self._offer_is_valid, False)
         self.pubsub.set_topic_validator(HEARTBEAT_TOPIC, self._heartbeat_is_valid, False)
         self._nursery: trio.Nursery | None = None
@@ -199,8 +199,9 @@ class GossipTransport:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run pubsub, the router, the heartbeat and the readers until cancelled. Start with `nursery.start`."""
+        self.sink = sink
         async with background_trio_service(self.pubsub), background_trio_service(self.router):
             await self.pubsub.wait_until_ready()
             try:
@@ -208,7 +209,7 @@ class GossipTransport:
                     self._nursery = nursery
                     heartbeats = await self.pubsub.subscribe(HEARTBEAT_TOPIC)
                     nursery.start_soon(self._read_heartbeats, heartbeats)
-                    if self.sink.participating:
+                    if sink.participating:
                         await self.rejoin()
                     nursery.start_soon(self._publish_heartbeats)
                     task_status.started()
@@ -243,7 +244,7 @@ class GossipTransport:
         """Refuse new pubsub streams and cancel the readers of open ones, so none outlives pubsub."""
         self._closing = True
         for protocol in self.router.get_protocols():
-            self.host.host.remove_stream_handler(protocol)
+            self.host.remove_handler(protocol)
         for scope in self._inbound_streams.values():
             scope.cancel()
         with trio.move_on_after(1):
@@ -337,7 +338,10 @@ class GossipTransport:
             raise ReplyError(f"the offerer did not take the result: {last}")
 
         self.stats["offer_delivered"] += 1
-        await self.sink.deliver(Delivery(raw, "gossip", sender=_sender(msg), reply=reply, claim=claim))
+        sink = self.sink
+        if sink is None:
+            return
+        await sink.deliver(Delivery(raw, "gossip", sender=_sender(msg), reply=reply, claim=claim))
 
     def _reachable(self, offerer: str, targets: list[str]) -> list[str]:
         """The offerer's PeerID first when we are already connected to it, then its advertised addresses."""

@@ -30,6 +30,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -198,6 +199,13 @@ class P2PHost:
 
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
         self.host.set_stream_handler(TProtocol(protocol), handler)
+
+    def remove_handler(self, protocol: str) -> None:
+        self.host.remove_stream_handler(TProtocol(protocol))
+
+    def new_pubsub(self, router: Any, **options: Any) -> Pubsub:
+        """Pubsub over this host: services are built on the facade, never on the libp2p host beneath it."""
+        return Pubsub(self.host, router, **options)
 
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self.host.get_connected_peers()]

@@ -7,6 +7,14 @@ imports bumble, so it is not imported here.
 from transports.ble.outcomes import SessionOutcome
 from transports.ble.policy import ProximityPolicy
 from transports.ble.reasons import BleFault, BleReason
-from transports.ble.transport import BleBackend, BleTransport
+from transports.ble.transport import BleBackend, BleRadioTransport, BleTransport
 
-__all__ = ["BleBackend", "BleFault", "BleReason", "BleTransport", "ProximityPolicy", "SessionOutcome"]
+__all__ = [
+    "BleBackend",
+    "BleFault",
+    "BleRadioTransport",
+    "BleReason",
+    "BleTransport",
+    "ProximityPolicy",
+    "SessionOutcome",
+]

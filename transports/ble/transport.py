@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -181,3 +181,29 @@ class BleTransport:
             await thread.run(reply, result)
 
         return await self.sink.deliver(Delivery(raw, TRANSPORT_NAME, sender, reply_on_ble, claim_on_ble))
+
+
+class BleRadioTransport:
+    """BLE as one of the node's transports: `run(sink)` takes offers from nearby peers on `radio` until cancelled.
+
+    `radio` None is bleak's platform backend (BlueZ) unchecked; `transports.ble.radios` opens and checks one.
+    The radio itself is opened by whoever owns it, before the node starts, and closed after it stops.
+    """
+
+    name = TRANSPORT_NAME
+
+    def __init__(self, radio: BleRadio | None, claimant: ClaimSigner, policy: ProximityPolicy | None = None) -> None:
+        self.radio = radio
+        self.claimant = claimant
+        self.policy = policy
+        self.active: BleTransport | None = None
+
+    async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        backend = await self.radio.central_backend() if self.radio is not None else None
+        async with BleTransport.open(sink, self.policy, claimant=self.claimant, backend=backend) as transport:
+            self.active = transport
+            try:
+                task_status.started(transport)
+                await trio.sleep_forever()
+            finally:
+                self.active = None

@@ -10,6 +10,17 @@ import sys
 
 import structlog
 
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written, not when logging was configured: a command run in-process
+    (the CLI tests) may replace stderr and close the old one, and later log lines must not fail on it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -27,7 +38,7 @@ def configure(*, json_lines: bool = False, level: int = logging.INFO, level_name
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     # libp2p logs expected noise at shutdown (unclosed sockets, multiselect errors): keep it out of the way.

@@ -39,6 +39,15 @@ def row(*args: str, code: int = 2, words: str, env: dict[str, str] | None = None
     return Row(tuple(args), code, words, tuple((env or {}).items()), stream)
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Commands configure structlog for the process; later tests in this process must not inherit it."""
+    import structlog
+
+    yield
+    structlog.reset_defaults()
+
+
 @pytest.fixture
 def place(tmp_path: Path) -> Iterator[dict[str, str]]:
     """The files and ports a row may name, as {placeholders}."""

@@ -10,6 +10,7 @@ import sys
 
 import structlog
 
+
 class _CurrentStderr:
     """Whatever `sys.stderr` is when a line is written, not when logging was configured: a command run in-process
     (the CLI tests) may replace stderr and close the old one, and later log lines must not fail on it."""

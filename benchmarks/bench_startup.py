@@ -29,11 +29,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 EDGECODER = str(Path(sys.executable).with_name("edgecoder"))
+# As a user runs it: with the bytecode caches that pip writes at install. PYTHONDONTWRITEBYTECODE (set in some
+# sandboxes) would make every run compile every module from source, which is not start-up but compilation.
+ENV = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 
 
 def timed(command: list[str], **kwargs: object) -> float:
     began = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, **kwargs)  # type: ignore[call-overload]
     return time.perf_counter() - began
 
 
@@ -64,7 +67,7 @@ def import_breakdown(args: list[str]) -> list[tuple[str, float]]:
         [sys.executable, "-X", "importtime", "-m", "mesh.cli", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**ENV, "PYTHONPATH": str(ROOT)},
     )
     top: list[tuple[str, float]] = []
     for line in done.stderr.splitlines():

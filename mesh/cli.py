@@ -19,13 +19,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from executor.contract import LANGUAGES, SANDBOXES
 from mesh.config import SETTINGS, Auto, Bool, ConfigError, ListOf, Setting
 from mesh.coordinator.cli import coordinator
 
 if TYPE_CHECKING:
     from mesh.config import Resolved
     from mesh.identity import NodeIdentity
+
+# executor.contract's LANGUAGES and SANDBOXES, written out: importing the contract costs `--help` its dataclasses
+# (tests/test_cli_startup.py checks the two stay equal).
+LANGUAGES = ("python", "javascript")
+SANDBOXES = ("docker", "host")
 
 EXIT_REFUSED = 3  # a typed refusal, as opposed to 1 (the run failed) and 2 (usage or bad input)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it

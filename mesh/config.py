@@ -10,18 +10,16 @@ Relative paths in a file are relative to the file's directory, so a unit file ca
 The file is found through `--config PATH` or `EDGECODER_CONFIG`; without either no file is read. Nothing reads
 `.env` files: under systemd, `EnvironmentFile=` does that job, and everywhere else the TOML file does.
 
-This module imports nothing heavy at module level; checks that need libp2p (multiaddrs, PeerIDs) import it when a
-value of that kind is present.
+This module imports nothing heavy at module level, and defines no dataclass (each costs a millisecond to create, and
+`edgecoder --help` builds its options from this table); checks that need libp2p (multiaddrs, PeerIDs) import it
+when a value of that kind is present.
 """
-
-from __future__ import annotations
 
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 CONFIG_ENV = "EDGECODER_CONFIG"
 
@@ -32,8 +30,7 @@ class ConfigError(ValueError):
     """A setting that cannot be used: the message names the key, where the value came from, and what it must be."""
 
 
-@dataclass(frozen=True, slots=True)
-class Source:
+class Source(NamedTuple):
     kind: SourceKind
     where: str = ""  # the flag, the variable or the file
 
@@ -67,10 +64,9 @@ def _toml_type(value: Any) -> str:
     return {int: "integer", float: "float", str: "string", list: "list", dict: "table"}.get(type(value), "value")
 
 
-@dataclass(frozen=True)
 class IntRange(Kind):
-    low: int
-    high: int
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
 
     def describe(self) -> str:
         return f"a whole number from {self.low:,} to {self.high:,}".replace(",", "_")
@@ -93,11 +89,9 @@ class IntRange(Kind):
         return self.check(value)
 
 
-@dataclass(frozen=True)
 class FloatRange(Kind):
-    low: float
-    high: float
-    unit: str = ""
+    def __init__(self, low: float, high: float, unit: str = "") -> None:
+        self.low, self.high, self.unit = low, high, unit
 
     def describe(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
@@ -162,9 +156,9 @@ class Auto(Kind):
         return value if isinstance(value, bool) else super().from_toml(value)
 
 
-@dataclass(frozen=True)
 class Choice(Kind):
-    choices: tuple[str, ...]
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
 
     def describe(self) -> str:
         return "one of " + ", ".join(self.choices)
@@ -176,12 +170,11 @@ class Choice(Kind):
         return value
 
 
-@dataclass(frozen=True)
 class Text(Kind):
     """A non-empty string, checked by `parse` when given (which raises ValueError with its own reason)."""
 
-    what: str
-    parse: Callable[[str], Any] | None = None
+    def __init__(self, what: str, parse: Callable[[str], Any] | None = None) -> None:
+        self.what, self.parse = what, parse
 
     def describe(self) -> str:
         return self.what
@@ -203,11 +196,11 @@ class PathKind(Kind):
         return Path(text.strip()).expanduser()
 
 
-@dataclass(frozen=True)
 class ListOf(Kind):
     """A list: a TOML array, repeated flags, or comma-separated text in a variable."""
 
-    item: Kind
+    def __init__(self, item: Kind) -> None:
+        self.item = item
 
     def describe(self) -> str:
         return f"a list, each {self.item.describe()}"
@@ -327,8 +320,7 @@ def coordinator_url(text: str) -> str:
 # -- the settings ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     key: str  # `section.name` in edgecoder.toml
     kind: Kind
     default: Any
@@ -592,13 +584,11 @@ def _language(text: str) -> str:
 # -- resolution ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Resolved:
     """Every setting's effective value and where it came from."""
 
-    values: Mapping[str, Any]
-    sources: Mapping[str, Source]
-    file: Path | None = None
+    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, Source], file: Path | None = None) -> None:
+        self.values, self.sources, self.file = values, sources, file
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -724,8 +714,7 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, Source]) ->
 # -- what the settings become -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeSettings:
+class NodeSettings(NamedTuple):
     """The resolved settings as the node's own types: policies, key sets and addresses."""
 
     key: Path | None
@@ -747,7 +736,7 @@ class NodeSettings:
     log_format: str
     coordinator_url: str | None
     coordinator_key: bytes | None
-    resolved: Resolved = field(repr=False, compare=False)
+    resolved: Resolved
 
 
 def node_settings(resolved: Resolved) -> NodeSettings:

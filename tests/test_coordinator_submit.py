@@ -77,3 +77,29 @@ def test_submit_wait_verifies_the_result_of_a_node_that_pins_the_coordinator(tmp
     finally:
         assert node.stop() == 0
         coordinator.stop()
+
+
+def test_ctrl_c_while_waiting_is_exit_130_in_one_line(tmp_path: Path) -> None:
+    import signal
+
+    (me,) = keys(tmp_path, "me")
+    code = tmp_path / "sum.py"
+    code.write_text(SUM)
+    coordinator = CoordinatorProcess(tmp_path / "tasks.sqlite")
+    url = coordinator.start()
+    try:
+        waiting = subprocess.Popen(
+            [*CLI, "coordinator", "submit", "--url", url, "--key", str(me), "--language", "python"]  # noqa: RUF005
+            + ["--code-file", str(code), "--wait", "--wait-s", "120"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert waiting.stdout is not None
+        assert "taskId" in waiting.stdout.readline()  # queued; now it polls
+        waiting.send_signal(signal.SIGINT)
+        _, err = waiting.communicate(timeout=30)
+        assert waiting.returncode == 130
+        assert err.strip() == "interrupted" and "Traceback" not in err
+    finally:
+        coordinator.stop()

@@ -64,6 +64,17 @@ def config_markdown() -> str:
         "`--peer` is `--bootstrap`. `SANDBOX_MODE` and `SANDBOX_SECCOMP_PROFILE` are older names of two variables,",
         "still read.",
         "",
+        "## Other variables",
+        "",
+        "| variable | meaning |",
+        "|---|---|",
+        "| `DOCKER_HOST` | which Docker daemon the executor uses (default: the local socket) |",
+        "| `EDGECODER_CACHE` | where `edgecoder image build` keeps the debootstrap root file system "
+        "(default `~/.cache/edgecoder`) |",
+        "| `EDGECODER_DEBUG` | `1`: show the traceback of an unexpected error, as `--debug` does |",
+        "| `EDGECODER_REQUIRE_DOCKER`, `EDGECODER_REQUIRE_NETNS`, `EDGECODER_REQUIRE_INTEROP` | tests only: `1` makes "
+        "a test that needs Docker, network namespaces or the js-libp2p peer fail instead of skipping |",
+        "",
     ]
     return "\n".join(lines)
 

@@ -720,13 +720,22 @@ def exec_(
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
-def doctor(as_json: bool) -> None:
-    """Say whether this machine can sandbox, and why not. Exits non-zero when it cannot."""
+@config_option
+def doctor(as_json: bool, config_file: Path | None) -> None:
+    """Say whether this machine can sandbox, and why not. Exits non-zero when it cannot.
+
+    It checks the settings a node would run with (EDGECODER_* variables, --config or EDGECODER_CONFIG): its sandbox
+    mode, image and seccomp profile. Troubleshooting in the docs has the fix for each failure."""
     import trio
 
     from mesh.commands import run_doctor
+    from mesh.config import node_settings, resolve
 
-    report = trio.run(run_doctor)
+    try:  # the settings a node would run with: variables, then the file, then the defaults
+        settings = node_settings(resolve({}, config=config_file))
+    except (ConfigError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    report = trio.run(run_doctor, settings)
     if as_json:
         emit(report)
     else:

@@ -292,20 +292,23 @@ async def run_local(
     return await run_code(request, sandbox=sandbox, origin="local", policy=policy)
 
 
-async def run_doctor() -> dict[str, Any]:
-    """Whether this machine can sandbox, check by check, with the reason when it cannot."""
+async def run_doctor(settings: NodeSettings | None = None) -> dict[str, Any]:
+    """Whether this machine can sandbox, check by check, with the reason when it cannot.
+
+    With `settings` (`doctor --config`), the node's own sandbox mode and executor policy (its image, its seccomp
+    profile) are the ones checked; without, the environment's."""
     from mesh.gate import sandbox_mode_from_env
 
     checks: list[dict[str, Any]] = []
     try:
-        mode = sandbox_mode_from_env()
+        mode = settings.sandbox_mode if settings is not None else sandbox_mode_from_env()
     except ValueError as exc:
         return {"ok": False, "checks": [{"name": "SANDBOX_MODE", "ok": False, "detail": str(exc)}]}
     checks.append({"name": "SANDBOX_MODE", "ok": mode == "docker", "detail": mode})
     if mode == "docker":
         from executor.runner import Executor
 
-        policy = ExecutorPolicy.from_env()
+        policy = settings.executor_policy if settings is not None else ExecutorPolicy.from_env()
         async with Executor.open(policy, node_label="doctor", pool_size=0) as executor:
             health = await executor.health()
             checks.append(

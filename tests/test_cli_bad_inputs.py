@@ -261,6 +261,9 @@ TABLE = [
     row(*SUBMIT, "--code-file", "{huge_code}", words="an offer carries at most"),
     row(*SUBMIT, "--code-file", "{code}", "--input", "{big_input}", words="a coordinator takes at most"),
     row(*SUBMIT[:-2], "--code-file", "{code}", words="Missing option '--language'"),
+    # -- doctor ---------------------------------------------------------------------------------------------------
+    row("doctor", "--config", "{tmp}/unknown.toml", words="did you mean executor.concurrency?"),
+    row("doctor", words="node.sandbox_mode from env SANDBOX_MODE", env={"SANDBOX_MODE": "vm"}),
     # -- demo ---------------------------------------------------------------------------------------------------
     row("demo", "--nodes", "1", words="1 is not in the range 2<=x<=16"),
 ]

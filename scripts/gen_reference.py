@@ -50,7 +50,8 @@ def config_markdown() -> str:
     for setting in SETTINGS:
         if setting.section != section:
             section = setting.section
-            lines += [f"## `[{section}]`", "", "| key, flag, variable | default | meaning |", "|---|---|---|"]
+            lines += [f"## `[{section}]`", "", '<div class="settings" markdown>', ""]
+            lines += ["| key, flag, variable | default | meaning |", "|---|---|---|"]
         names = [f"`{setting.key}`"] + ([f"`{setting.flag}`"] if setting.flag else [])
         names += [f"`{name}`" for name in setting.env_names]
         meaning = f"{setting.help} Must be {setting.kind.describe()}." + (
@@ -58,7 +59,7 @@ def config_markdown() -> str:
         )
         lines.append(f"| {'<br>'.join(names)} | {_default(setting)} | {meaning.replace('|', '&#124;')} |")
         if setting is SETTINGS[-1] or SETTINGS[SETTINGS.index(setting) + 1].section != section:
-            lines.append("")
+            lines += ["", "</div>", ""]
     lines += [
         "Shorthand flags: `--metrics-port N` is `--metrics 127.0.0.1:N`, `--log-json` is `--log-format json`, and",
         "`--peer` is `--bootstrap`. `SANDBOX_MODE` and `SANDBOX_SECCOMP_PROFILE` are older names of two variables,",

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from mesh.config import SETTINGS, Auto, Bool, ConfigError, ListOf, Setting
-from mesh.coordinator.cli import coordinator
 
 if TYPE_CHECKING:
     from mesh.config import Resolved
@@ -214,7 +213,27 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     _debug = _debug or value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+# Commands built on first use: name -> (module, attribute).
+LAZY_COMMANDS = {"coordinator": ("mesh.coordinator.cli", "coordinator")}
+
+
+class Commands(click.Group):
+    """The `edgecoder` group. `coordinator` (a group of its own, with a dozen options) is built only when it is asked
+    for or listed (by --help, and by the docs' CLI reference): `keygen` and `node` need not pay for it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            import importlib
+
+            module, name = LAZY_COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.option(
     "--debug",
     is_flag=True,
@@ -783,8 +802,6 @@ def demo(nodes: int, ble: bool) -> None:
     logs.configure(level=40)
     sys.exit(trio.run(run_demo, nodes, ble))
 
-
-main.add_command(coordinator)
 
 if __name__ == "__main__":
     run()

@@ -47,8 +47,9 @@ def test_help_and_keygen_import_nothing_heavy(tmp_path: Path) -> None:
 
 
 def test_keygen_does_not_even_build_the_coordinator_group(tmp_path: Path) -> None:
-    probe = f"from mesh import cli\ntry:\n    cli.run(['keygen', '--out', {str(tmp_path / 'k')!r}])\nexcept SystemExit:\n    pass"
-    probe += "\nimport sys\nprint('mesh.coordinator.cli' in sys.modules)"
+    argv = ["keygen", "--out", str(tmp_path / "k")]
+    probe = f"from mesh import cli\ntry:\n    cli.run({argv!r})\nexcept SystemExit:\n    pass\n"
+    probe += "import sys\nprint('mesh.coordinator.cli' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"
 

@@ -21,11 +21,12 @@ unit:
 	$(BIN)/pytest
 
 docs:
-	@if [ -f mkdocs.yml ]; then $(BIN)/mkdocs build --strict --quiet --site-dir /tmp/edgecoder-site; fi
+	@if [ -f mkdocs.yml ]; then NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir /tmp/edgecoder-site; fi
 
 bench: setup
 	$(BIN)/python benchmarks/bench_executor.py
 	$(BIN)/python benchmarks/bench_intake.py
+	$(BIN)/python benchmarks/bench_startup.py
 
 # Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals.
 fuzz: setup

@@ -1,6 +1,12 @@
 """`edgecoder`: the command line, the contract that users and tests rely on.
 
-stdout carries only machine-readable lines (the `ready` event, a result as one JSON object); logs go to stderr.
+stdout carries only machine-readable lines (the `ready` event, a result as one JSON object) or, for the inspection
+commands, what the person asked to see; logs go to stderr.
+
+Start-up is part of the interface: `edgecoder --help` and `keygen` must answer in a few tens of milliseconds, so
+this module imports only click and light modules of our own. Trio, structlog, libp2p, Docker, Starlette, Hypercorn
+and httpx are imported inside the commands that use them (benchmarks/bench_startup.py measures it, and
+tests/test_cli_startup.py pins which modules a bare import pulls in).
 """
 
 from __future__ import annotations
@@ -9,17 +15,24 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import trio
 
-from executor.contract import LANGUAGES, SANDBOXES, Limits
-from mesh.coordinator.cli import coordinator
-from mesh.identity import KeyFileError, NodeIdentity
+from mesh.config import SETTINGS, Auto, Bool, ConfigError, ListOf, Setting
 
-EXIT_REFUSED = 3  # a typed refusal, as opposed to 1 (the run failed) and 2 (usage or a bad key file)
+if TYPE_CHECKING:
+    from mesh.config import Resolved
+    from mesh.identity import NodeIdentity
+
+# executor.contract's LANGUAGES and SANDBOXES, written out: importing the contract costs `--help` its dataclasses
+# (tests/test_cli_startup.py checks the two stay equal).
+LANGUAGES = ("python", "javascript")
+SANDBOXES = ("docker", "host")
+
+EXIT_REFUSED = 3  # a typed refusal, as opposed to 1 (the run failed) and 2 (usage or bad input)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+DEFAULT_STATUS_ADDR = "127.0.0.1:9464"
 
 
 E = TypeVar("E", bound=BaseException)
@@ -61,24 +74,42 @@ def ble_hci_spec(_ctx: click.Context, _param: click.Parameter, value: str | None
         raise click.BadParameter(str(exc)) from None
 
 
+# Failures that surface only once a command runs, by the module that defines them: each is bad input (exit 2).
+# Looked up in sys.modules, so that checking for them imports nothing a command did not already import.
+_INPUT_ERRORS = (
+    ("transports.p2p", "AddressError"),
+    ("mesh.state", "StateDirError"),
+    ("mesh.commands", "OfferTooLarge"),
+    ("mesh.metrics_server", "MetricsBindError"),
+)
+
+
+def _loaded(pairs: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
+    found = []
+    for module, name in pairs:
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            found.append(getattr(loaded, name))
+    return tuple(found)
+
+
 def run_command(afn: Any, options: Any) -> Any:
     """`trio.run(afn, options)`, with the typed failures that surface only once the command runs turned into their
     one-line answers: a busy port, a running twin or a bad address (exit 2), a BLE radio that cannot be used
     (exit 2), an offer too large to send (exit 2), and Ctrl-C (exit 130). Trio may wrap them in exception groups."""
-    from mesh.commands import Interrupted, OfferTooLarge
-    from mesh.state import StateDirError
-    from transports.p2p import AddressError
+    import trio
 
     try:
         return trio.run(afn, options)
     except Exception as exc:
-        if cause_of(exc, (Interrupted,)) is not None:
+        interrupted = _loaded((("mesh.commands", "Interrupted"),))
+        if interrupted and cause_of(exc, interrupted) is not None:
             click.echo("interrupted: the node was told to stop the run", err=True)
             sys.exit(EXIT_INTERRUPTED)
         hci = sys.modules.get("transports.ble.hci")  # imported only by BLE commands, so only they can raise it
         if hci is not None and (ble := cause_of(exc, (hci.BleSetupError,))) is not None:
             raise BleUnavailable(f"BLE: {ble}") from None
-        cause = cause_of(exc, (AddressError, StateDirError, OfferTooLarge))
+        cause = cause_of(exc, _loaded(_INPUT_ERRORS))
         if cause is None:
             raise
         raise InputError(str(cause)) from None
@@ -106,6 +137,8 @@ OFFER_BLE_UNSUPPORTED = (
 
 def load_identity(path: Path) -> NodeIdentity:
     """A key file problem is a message and exit code 2, never a traceback."""
+    from mesh.identity import KeyFileError, NodeIdentity
+
     try:
         return NodeIdentity.load(path)
     except KeyFileError as exc:
@@ -161,6 +194,15 @@ input_option = click.option("--input", "input_json", default=None, help="JSON da
 timeout_option = click.option("--timeout-ms", type=click.IntRange(1), default=5_000, show_default=True)
 memory_option = click.option("--memory-mb", type=click.IntRange(1), default=128, show_default=True)
 sandbox_option = click.option("--sandbox", type=click.Choice(SANDBOXES), default="docker", show_default=True)
+config_option = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=True, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="Read settings from this edgecoder.toml (also EDGECODER_CONFIG). Flags win over variables, variables over "
+    "the file.",
+)
 
 
 _debug = os.environ.get("EDGECODER_DEBUG") == "1"
@@ -171,7 +213,27 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     _debug = _debug or value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Commands built on first use: name -> (module, attribute).
+LAZY_COMMANDS = {"coordinator": ("mesh.coordinator.cli", "coordinator")}
+
+
+class Commands(click.Group):
+    """The `edgecoder` group. `coordinator` (a group of its own, with a dozen options) is built only when it is asked
+    for or listed (by --help, and by the docs' CLI reference): `keygen` and `node` need not pay for it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            import importlib
+
+            module, name = LAZY_COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.option(
     "--debug",
     is_flag=True,
@@ -192,6 +254,12 @@ def run(argv: list[str] | None = None) -> None:
     """
     try:
         code = main.main(args=argv, prog_name="edgecoder", standalone_mode=False)
+    except click.UsageError as exc:
+        # One line, like every other refusal: click's usage block would push the reason off a small terminal.
+        where = exc.ctx.command_path if exc.ctx is not None else "edgecoder"
+        message = " ".join(exc.format_message().split())  # click lays some messages out over several lines
+        click.echo(f"Error: {message} (see: {where} --help)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -216,96 +284,333 @@ def run(argv: list[str] | None = None) -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing key file.")
 def keygen(out: Path, force: bool) -> None:
     """Write a new node identity and print its PeerID."""
+    from mesh.identity import KeyFileError, NodeIdentity
+    from mesh.peerid import ed25519_peer_id
+
     identity = NodeIdentity.generate()
     try:
         identity.save(out, force=force)
     except KeyFileError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(identity.peer_id)
+        raise InputError(str(exc)) from None
+    click.echo(ed25519_peer_id(identity.public_key))
+
+
+# -- settings as options ---------------------------------------------------------------------------------------
+
+
+def _param_name(setting: Setting) -> str:
+    return "setting__" + setting.key.replace(".", "__")
+
+
+def _option_help(setting: Setting) -> str:
+    text = setting.help
+    if setting.pending:
+        text += f" {setting.pending}."
+    return f"{text} [{setting.key}, {setting.env_names[0]}]"
+
+
+def _metavar(setting: Setting) -> str:
+    from mesh.config import Choice, FloatRange, IntRange, PathKind
+
+    kind = setting.kind.item if isinstance(setting.kind, ListOf) else setting.kind
+    named = {
+        "node.state_dir": "DIR",
+        "metrics.bind": "HOST:PORT",
+        "coordinator.url": "URL",
+        "coordinator.key": "KEY",
+        "executor.image": "TAG",
+    }
+    if setting.key in named:
+        return named[setting.key]
+    if isinstance(kind, Choice):
+        return "[" + "|".join(kind.choices) + "]"
+    if isinstance(kind, IntRange):
+        return "N"
+    if isinstance(kind, FloatRange):
+        return "X"
+    if isinstance(kind, PathKind):
+        return "PATH"
+    if setting.key in ("intake.allow_offerers", "intake.deny_offerers"):
+        return "PEERID"
+    if setting.key == "intake.languages":
+        return "LANGUAGE"
+    if setting.key == "node.ble_hci":
+        return "SPEC"
+    return "MULTIADDR"
+
+
+def _setting_option(setting: Setting) -> Any:
+    assert setting.flag is not None
+    name = _param_name(setting)
+    flags = setting.flag.split("/")
+    help_text = _option_help(setting)
+    if isinstance(setting.kind, Auto | Bool) and len(flags) == 2:
+        return click.option(setting.flag, name, default=None, help=help_text)
+    if isinstance(setting.kind, Bool):
+        return click.option(flags[0], name, is_flag=True, default=False, help=help_text)
+    decls = [flags[0], "--peer"] if setting.key == "node.bootstrap" else [flags[0]]
+    if isinstance(setting.kind, ListOf):
+        return click.option(*decls, name, multiple=True, metavar=_metavar(setting), help=help_text + " Repeatable.")
+    return click.option(*decls, name, default=None, metavar=_metavar(setting), help=help_text)
+
+
+def setting_options(fn: Any) -> Any:
+    """Every setting that has a flag, as an option; `--metrics-port N` and `--log-json` are shorthands."""
+    fn = click.option(
+        "--log-json", "log_json", is_flag=True, help="Shorthand for --log-format json (structured logs on stderr)."
+    )(fn)
+    fn = click.option(
+        "--metrics-port",
+        "metrics_port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help="Shorthand for --metrics 127.0.0.1:PORT; 0 picks a free port (the ready line gives it).",
+    )(fn)
+    for setting in reversed(SETTINGS):
+        if setting.flag is not None:
+            fn = _setting_option(setting)(fn)
+    return config_option(fn)
+
+
+def resolve_settings(ctx: click.Context, params: dict[str, Any]) -> Resolved:
+    """Flags the user typed (not click's defaults), then the environment, the file and the defaults."""
+    from click.core import ParameterSource
+
+    from mesh.config import resolve
+
+    flags: dict[str, tuple[Any, str]] = {}
+    for setting in SETTINGS:
+        if setting.flag is None:
+            continue
+        name = _param_name(setting)
+        if ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+            continue
+        value = params[name]
+        if isinstance(value, tuple) and not value:
+            continue
+        flags[setting.key] = (value, _flag_shown(setting, value))
+    if params.get("metrics_port") is not None:
+        if "metrics.bind" in flags:
+            raise click.UsageError("--metrics and --metrics-port name the same setting: give one of them")
+        flags["metrics.bind"] = (f"127.0.0.1:{params['metrics_port']}", "--metrics-port")
+    if params.get("log_json"):
+        flags["log.format"] = ("json", "--log-json")
+    try:
+        return resolve(flags, config=params.get("config_file"))
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _flag_shown(setting: Setting, value: Any) -> str:
+    assert setting.flag is not None
+    flags = setting.flag.split("/")
+    if isinstance(setting.kind, Auto | Bool) and len(flags) == 2:
+        return flags[0] if value else flags[1]
+    return flags[0]
+
+
+@main.command(context_settings={"show_default": False})
+@setting_options
+@click.option("--ble-sim", is_flag=True, help="BLE on a simulated radio in this process (implies --ble).")
+@click.pass_context
+def node(ctx: click.Context, ble_sim: bool, **params: Any) -> None:
+    """Run a node. Its first stdout line is the `ready` event as JSON.
+
+    Every setting can also come from EDGECODER_* variables or edgecoder.toml (`edgecoder config show` prints what
+    is in effect and where each value came from)."""
+    from mesh import logs
+    from mesh.config import node_settings
+    from mesh.state import default_state_root
+
+    resolved = resolve_settings(ctx, params)
+    try:
+        settings = node_settings(resolved)
+    except (ConfigError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    logs.configure(json_lines=settings.log_format == "json", level_name=settings.log_level)
+    if settings.key is None:
+        raise InputError(
+            "no key file: give --key PATH (or EDGECODER_KEY, or key in [node] of edgecoder.toml); "
+            "make one with: edgecoder keygen --out node.key"
+        )
+    if settings.ble_hci is not None:
+        from transports.ble.hci import BleSetupError, HciSpec
+
+        try:
+            HciSpec.parse(settings.ble_hci)
+        except BleSetupError as exc:
+            raise InputError(f"node.ble_hci from {resolved.sources['node.ble_hci']}: {exc}") from None
+        if ble_sim:
+            raise click.UsageError("--ble-hci and --ble-sim name two different radios: give one of them")
+    if settings.key.is_dir():
+        raise InputError(
+            f"node.key from {resolved.sources['node.key']}: {settings.key} is a directory; give the key file "
+            "(make one with: edgecoder keygen --out node.key)"
+        )
+    identity = load_identity(settings.key)
+    from mesh.commands import NodeOptions, run_node
+
+    options = NodeOptions(
+        identity=identity,
+        settings=settings,
+        ble_sim=ble_sim,
+        state_root=settings.state_dir or default_state_root(),
+    )
+    run_command(run_node, options)
+
+
+@main.group()
+def config() -> None:
+    """The node's settings: edgecoder.toml, EDGECODER_* variables and flags."""
+
+
+@config.command("show")
+@setting_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
+@click.pass_context
+def config_show(ctx: click.Context, as_json: bool, **params: Any) -> None:
+    """Print the effective settings and where each came from (flag, env, file or default).
+
+    Takes the same options as `edgecoder node`, so `edgecoder config show --concurrency 4` shows what that node
+    would run with. Values are checked as the node checks them: a bad one is refused the same way."""
+    from mesh.config import node_settings, shown
+
+    resolved = resolve_settings(ctx, params)
+    try:
+        node_settings(resolved)
+    except (ConfigError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    rows = resolved.rows()
+    if as_json:
+        emit(
+            {
+                "file": None if resolved.file is None else str(resolved.file),
+                "settings": [
+                    {"key": key, "value": shown(value), "source": source.kind, "from": source.where}
+                    for key, value, source in rows
+                ],
+            }
+        )
+        return
+    click.echo(f"config file: {resolved.file or 'none (give --config PATH or EDGECODER_CONFIG)'}")
+    from mesh.config import BY_KEY
+
+    texts = [json.dumps(shown(value)) if value is not None else f"({BY_KEY[key].unset})" for key, value, _ in rows]
+    width = max(len(key) for key, _, _ in rows) + 2
+    value_width = min(60, max(len(t) for t in texts)) + 2
+    for (key, _, source), text in zip(rows, texts, strict=True):
+        click.echo(f"{key:<{width}}{text:<{value_width}}{source}")
+
+
+# -- inspection: status, peers, jobs ---------------------------------------------------------------------------
+
+
+def _status_address(metrics: str | None, config_file: Path | None) -> str:
+    if metrics is not None:
+        return metrics
+    from mesh.config import resolve
+
+    try:
+        bind = resolve({}, config=config_file)["metrics.bind"]
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    return bind or DEFAULT_STATUS_ADDR
+
+
+def fetch_status(metrics: str | None, config_file: Path | None) -> dict[str, Any]:
+    """The node's /status, or a one-line reason no node answered (exit 1)."""
+    import urllib.error
+    import urllib.request
+
+    from mesh.config import host_port
+
+    address = _status_address(metrics, config_file)
+    try:
+        host, port = host_port(address)
+    except ValueError as exc:
+        raise InputError(f"--metrics: {exc}") from None
+    if port == 0:
+        raise InputError(
+            f"metrics.bind is {address}: port 0 is picked at start; give --metrics HOST:PORT with the port "
+            "from the node's ready line (metricsPort)"
+        )
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/status"
+    hint = "is `edgecoder node` running with --metrics-port (metrics.bind)? Give its address with --metrics HOST:PORT"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read(4 << 20)
+    except urllib.error.HTTPError as exc:
+        raise click.ClickException(f"{url} answered {exc.code}: not an edgecoder node's status; {hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise click.ClickException(f"no node answers at {url} ({reason}); {hint}") from None
+    try:
+        status = json.loads(body)
+    except ValueError:
+        raise click.ClickException(f"{url} did not answer JSON: not an edgecoder node's status; {hint}") from None
+    if not isinstance(status, dict) or "peerId" not in status:
+        raise click.ClickException(f"{url} answered JSON without a peerId: not an edgecoder node's status")
+    return status
+
+
+inspect_options = [
+    click.option(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"Where the node serves /status [default: metrics.bind from the config, else {DEFAULT_STATUS_ADDR}].",
+    ),
+    config_option,
+    click.option("--json", "as_json", is_flag=True, help="The JSON as the node served it."),
+]
+
+
+def _inspect(fn: Any) -> Any:
+    for option in reversed(inspect_options):
+        fn = option(fn)
+    return fn
 
 
 @main.command()
-@click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--listen", multiple=True, default=["/ip4/127.0.0.1/tcp/0"], show_default=True)
-@click.option(
-    "--bootstrap",
-    "--peer",
-    "bootstrap",
-    multiple=True,
-    help="A peer to join the swarm through: /ip4/ADDR/tcp/PORT/p2p/PEERID (repeatable; kept connected).",
-)
-@click.option(
-    "--announce",
-    multiple=True,
-    help="An address to tell peers instead of the listen addresses: /ip4/ADDR/tcp/PORT or /dns4/NAME/tcp/PORT "
-    "(repeatable; a NAT's port mapping, a DNS name).",
-)
-@click.option("--no-mdns", is_flag=True, help="Do not look for peers on the LAN (mDNS is on for non-loopback listens).")
-@click.option("--relay-service", is_flag=True, help="Relay circuits for peers behind NAT (bounded).")
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the node keeps its lock and replay journal [default: $EDGECODER_STATE_DIR, ~/.local/state/edgecoder].",
-)
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None)
-@click.option("--log-json", is_flag=True, help="Structured logs as JSON lines on stderr.")
-@click.option("--coordinator", default=None, help="Pull work from a coordinator at this URL too.")
-@click.option("--ble", is_flag=True, help="Also take offers from nearby BLE peers (BlueZ through bleak).")
-@ble_hci_option
-@click.option("--ble-sim", is_flag=True, help="BLE on a simulated radio in this process (implies --ble).")
-def node(
-    key: Path,
-    listen: tuple[str, ...],
-    bootstrap: tuple[str, ...],
-    announce: tuple[str, ...],
-    no_mdns: bool,
-    relay_service: bool,
-    state_dir: Path | None,
-    metrics_port: int | None,
-    log_json: bool,
-    coordinator: str | None,
-    ble: bool,
-    ble_hci: str | None,
-    ble_sim: bool,
-) -> None:
-    """Run a node. Its first stdout line is the `ready` event as JSON."""
-    from mesh import logs
-    from mesh.commands import NodeOptions, run_node
-    from mesh.gate import sandbox_mode_from_env
-    from mesh.state import default_state_root
-    from transports.p2p import AddressError, parse_announce_addr, parse_listen_addr, parse_peer_addr
+@_inspect
+def status(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
+    """What a running node is doing: its PeerID, addresses, sandbox, runs, queue, peers and jobs."""
+    from mesh.inspect import format_status
 
-    logs.configure(json_lines=log_json)
-    identity = load_identity(key)
-    try:
-        mode = sandbox_mode_from_env()
-        for addr in listen:
-            parse_listen_addr(addr)
-        for addr in bootstrap:
-            parse_peer_addr(addr)
-        for addr in announce:
-            parse_announce_addr(addr)
-    except (ValueError, AddressError) as exc:
-        raise InputError(str(exc)) from None
-    if ble_hci is not None and ble_sim:
-        raise click.UsageError("--ble-hci and --ble-sim name two different radios: give one of them")
-    options = NodeOptions(
-        identity,
-        list(listen),
-        list(bootstrap),
-        mode,
-        metrics_port,
-        coordinator,
-        ble,
-        ble_sim,
-        ble_hci,
-        state_root=state_dir or default_state_root(),
-        announce=list(announce),
-        mdns=False if no_mdns else None,
-        relay_service=relay_service,
-    )
-    run_command(run_node, options)
+    report = fetch_status(metrics, config_file)
+    if as_json:
+        emit(report)
+    else:
+        click.echo(format_status(report))
+
+
+@main.command()
+@_inspect
+def peers(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
+    """The peers a running node is connected to, or hears heartbeats from."""
+    from mesh.inspect import format_peers
+
+    report = fetch_status(metrics, config_file)
+    if as_json:
+        emit({"peerId": report["peerId"], "peers": report.get("peers", [])})
+    else:
+        click.echo(format_peers(report))
+
+
+@main.command()
+@_inspect
+def jobs(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
+    """The offers a running node is working on, and the last ones it answered."""
+    from mesh.inspect import format_jobs
+
+    report = fetch_status(metrics, config_file)
+    if as_json:
+        emit({"peerId": report["peerId"], "queueDepth": report.get("queueDepth"), "jobs": report.get("jobs", [])})
+    else:
+        click.echo(format_jobs(report))
+
+
+# -- work ------------------------------------------------------------------------------------------------------
 
 
 @main.command()
@@ -328,6 +633,13 @@ def node(
 @memory_option
 @sandbox_option
 @click.option("--wait-s", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True, help="How long to wait.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+    help="Logs on stderr; info shows each connect (a BLE link, say) while the offer waits.",
+)
 def offer(
     key: Path,
     to: str | None,
@@ -343,8 +655,10 @@ def offer(
     memory_mb: int,
     sandbox: str,
     wait_s: float,
+    log_level: str,
 ) -> None:
     """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
+    from executor.contract import Limits
     from mesh import logs
     from mesh.commands import OfferOptions, run_offer
     from mesh.offers import MAX_CODE_CHARS
@@ -358,6 +672,8 @@ def offer(
         raise click.UsageError("--ble-link-model paces a --ble-hci radio: give --ble-hci too")
     if gossip and not peers:
         raise click.UsageError("--gossip needs at least one --peer")
+    if peers and not gossip:
+        raise click.UsageError("--peer is for --gossip (with --to, the address already names the node)")
     identity = load_identity(key)
     try:
         for addr in [*peers, *([to] if to else [])]:
@@ -367,7 +683,7 @@ def offer(
     code = read_code(code_file, MAX_CODE_CHARS * 4)
     if len(code) > MAX_CODE_CHARS:
         raise InputError(f"{code_file} holds {len(code):,} characters; an offer carries at most {MAX_CODE_CHARS:,}")
-    logs.configure()
+    logs.configure(level_name=log_level)  # by default the offer's progress is its result line; connects are noise
     options = OfferOptions(
         identity=identity,
         to=to,
@@ -386,7 +702,9 @@ def offer(
         emit({"ok": False, "refusal": str(outcome.refusal.reason), "detail": outcome.refusal.detail})
         sys.exit(EXIT_REFUSED)
     assert outcome.result is not None
-    emit(outcome.result.to_json())
+    from mesh.peerid import ed25519_peer_id
+
+    emit({**outcome.result.to_json(), "executorPeerId": ed25519_peer_id(outcome.result.executor)})
     sys.exit(0 if outcome.ok else 1)
 
 
@@ -408,6 +726,9 @@ def exec_(
     no_subset: bool,
 ) -> None:
     """Run code as the local user (origin local: --sandbox host is allowed). Prints the result JSON."""
+    import trio
+
+    from executor.contract import Limits
     from executor.policy import ExecutorPolicy
     from mesh.commands import run_local
 
@@ -426,11 +747,22 @@ def exec_(
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
-def doctor(as_json: bool) -> None:
-    """Say whether this machine can sandbox, and why not. Exits non-zero when it cannot."""
-    from mesh.commands import run_doctor
+@config_option
+def doctor(as_json: bool, config_file: Path | None) -> None:
+    """Say whether this machine can sandbox, and why not. Exits non-zero when it cannot.
 
-    report = trio.run(run_doctor)
+    It checks the settings a node would run with (EDGECODER_* variables, --config or EDGECODER_CONFIG): its sandbox
+    mode, image and seccomp profile. Troubleshooting in the docs has the fix for each failure."""
+    import trio
+
+    from mesh.commands import run_doctor
+    from mesh.config import node_settings, resolve
+
+    try:  # the settings a node would run with: variables, then the file, then the defaults
+        settings = node_settings(resolve({}, config=config_file))
+    except (ConfigError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    report = trio.run(run_doctor, settings)
     if as_json:
         emit(report)
     else:
@@ -470,14 +802,14 @@ def image_build(tag: str | None, if_missing: bool, rebuild: bool) -> None:
 @click.option("--ble/--no-ble", default=True, show_default=True, help="Include an offer from a simulated BLE peer.")
 def demo(nodes: int, ble: bool) -> None:
     """A local demo mesh that runs real signed offers in Docker, and shows what a sandbox-less node refuses."""
+    import trio
+
     from mesh import logs
     from mesh.demo import run_demo
 
     logs.configure(level=40)
     sys.exit(trio.run(run_demo, nodes, ble))
 
-
-main.add_command(coordinator)
 
 if __name__ == "__main__":
     run()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,14 +16,13 @@ import trio
 
 from executor.contract import ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
-from mesh.gate import SandboxMode
 from mesh.identity import NodeIdentity
-from mesh.node import MeshNode, NodeConfig, OfferOutcome
-from transports.addresses import ip_of, local_address_towards
-from transports.base import Transport
-from transports.p2p import parse_peer_addr
 
 if TYPE_CHECKING:
+    # mesh.node brings libp2p (half a second): imported by the commands that run a node, never by `exec`.
+    from mesh.config import NodeSettings
+    from mesh.node import MeshNode, NodeConfig, OfferOutcome
+    from transports.base import Transport
     from transports.ble.transport import BleRadio
 
 log = structlog.get_logger("edgecoder.cli")
@@ -31,18 +31,17 @@ log = structlog.get_logger("edgecoder.cli")
 @dataclass
 class NodeOptions:
     identity: NodeIdentity
-    listen: list[str]
-    peers: list[str]
-    sandbox_mode: SandboxMode
-    metrics_port: int | None = None
-    coordinator: str | None = None
-    ble: bool = False
+    settings: NodeSettings
     ble_sim: bool = False
-    ble_hci: str | None = None
     state_root: Path | None = None
-    announce: list[str] = field(default_factory=list)
-    mdns: bool | None = None
-    relay_service: bool = False
+
+    @property
+    def ble(self) -> bool:
+        return self.settings.ble
+
+    @property
+    def ble_hci(self) -> str | None:
+        return self.settings.ble_hci
 
 
 @contextlib.asynccontextmanager
@@ -61,30 +60,48 @@ async def open_ble_radio(options: NodeOptions) -> AsyncIterator[BleRadio | None]
         yield radio
 
 
+def node_config(options: NodeOptions, transports: Sequence[Transport] = ()) -> NodeConfig:
+    from mesh.node import NodeConfig
+
+    s = options.settings
+    return NodeConfig(
+        identity=options.identity,
+        listen=s.listen,
+        peers=s.bootstrap,
+        sandbox_mode=s.sandbox_mode,  # type: ignore[arg-type]
+        executor_policy=s.executor_policy,
+        intake_policy=s.intake_policy,
+        heartbeat_interval=s.heartbeat_interval_s,
+        state_root=options.state_root,
+        announce=s.announce,
+        mdns=s.mdns,
+        relay_service=s.relay_service,
+        isolation=s.isolation,
+        transports=transports,
+    )
+
+
 async def run_node(options: NodeOptions) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly: runs are aborted and no container is left behind."""
+    from mesh.node import MeshNode
+
+    settings = options.settings
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_ble_radio(options) as ble_radio:
             transports: list[Transport] = []
-            if options.coordinator:
+            if settings.coordinator_url:
                 from transports.coordinator import CoordinatorPullTransport
 
-                transports.append(CoordinatorPullTransport(options.coordinator, options.identity))
+                transports.append(
+                    CoordinatorPullTransport(
+                        settings.coordinator_url, options.identity, coordinator_key=settings.coordinator_key
+                    )
+                )
             if ble_radio is not None:
                 from transports.ble import BleRadioTransport
 
                 transports.append(BleRadioTransport(ble_radio, options.identity))
-            config = NodeConfig(
-                identity=options.identity,
-                listen=options.listen,
-                announce=options.announce,
-                peers=options.peers,
-                sandbox_mode=options.sandbox_mode,
-                state_root=options.state_root,
-                transports=transports,
-                mdns=options.mdns,
-                relay_service=options.relay_service,
-            )
+            config = node_config(options, transports)
             async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
                 await _serve_until_signalled(options, node, nursery, signals)
     print(json.dumps({"event": "stopped"}), flush=True)
@@ -93,23 +110,42 @@ async def run_node(options: NodeOptions) -> None:
 async def _serve_until_signalled(
     options: NodeOptions, node: MeshNode, nursery: trio.Nursery, signals: AsyncIterator[int]
 ) -> None:
-    if options.metrics_port is not None:
+    settings = options.settings
+    ready: dict[str, Any] = {
+        "event": "ready",
+        "peerId": node.peer_id,
+        "addrs": node.addrs,
+        "sandboxMode": node.gate.reported_mode,
+        "reason": node.gate.status.reason,
+    }
+    if settings.metrics_bind is not None:
         from mesh.metrics_server import serve_metrics
+        from mesh.status import health, node_status
 
-        await nursery.start(serve_metrics, node.metrics, options.metrics_port)
+        host, port = settings.metrics_bind
+        urls = await nursery.start(
+            partial(
+                serve_metrics,
+                node.metrics,
+                port,
+                host,
+                status=lambda: node_status(node),
+                health=lambda: health(node),
+            )
+        )
+        ready["metrics"] = urls[0]
+        ready["metricsPort"] = int(urls[0].rsplit(":", 1)[1])
+    if settings.coordinator_url:
+        ready["coordinator"] = settings.coordinator_url
     node.addresses.on_change(lambda addrs: print(json.dumps({"event": "addrs", "addrs": addrs}), flush=True))
-    print(
-        json.dumps(
-            {
-                "event": "ready",
-                "peerId": node.peer_id,
-                "addrs": node.addrs,
-                "sandboxMode": node.gate.reported_mode,
-                "reason": node.gate.status.reason,
-            }
-        ),
-        flush=True,
+    log.info(
+        "node started",
+        peer=node.peer_id,
+        config=None if settings.resolved.file is None else str(settings.resolved.file),
+        concurrency=settings.executor_policy.max_concurrent,
+        queue_size=settings.intake_policy.queue_size,
     )
+    print(json.dumps(ready), flush=True)
     async for signum in signals:
         log.info("shutting down", signal=signal.Signals(signum).name)
         await node.drain()
@@ -134,6 +170,7 @@ class OfferOptions:
 
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
     """Advertise the offer over BLE from an HCI radio, and wait for a nearby node's verified result."""
+    from mesh.node import OfferOutcome
     from mesh.offers import TaskOffer
     from transports.ble.hci import HciSpec
     from transports.ble.offering import offer_over_ble
@@ -189,7 +226,33 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     if options.ble_hci is not None:
         return await run_ble_offer(options)
     from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from mesh.node import MeshNode, NodeConfig, OfferOutcome
+    from mesh.offers import TaskOffer
     from mesh.reasons import Reason, Rejection
+
+    def too_large(raw: bytes) -> OfferTooLarge | None:
+        if len(raw) <= DEFAULT_MAX_MESSAGE_BYTES:
+            return None
+        return OfferTooLarge(
+            f"the signed offer is {len(raw):,} bytes; a node takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}: "
+            "send less code or --input"
+        )
+
+    fields: dict[str, Any] = {
+        "language": options.language,
+        "code": options.code,
+        "input": options.input,
+        "limits": options.limits,
+        "sandbox": options.sandbox,
+        "ttl_ms": int(max(60.0, options.wait_s * 2) * 1000),
+    }
+    # Sized before anything is dialled (bootstrap peers included): the node's own addresses, which it learns only
+    # once it listens, add a few hundred bytes at most, and are checked again below.
+    provisional = TaskOffer.create(options.identity, reply_to=(), **fields).sign(options.identity)
+    if (error := too_large(provisional)) is not None:
+        raise error
+    from transports.addresses import ip_of, local_address_towards
+    from transports.p2p import parse_peer_addr
 
     # Listen where the peers we talk to can reach us back (claims and results come to us): the interface that
     # routes to them, loopback for a loopback peer. A one-shot offerer is not advertised to the swarm.
@@ -207,18 +270,9 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     outcome: OfferOutcome | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
-            raw = node.make_offer(
-                language=options.language,
-                code=options.code,
-                input=options.input,
-                limits=options.limits,
-                sandbox=options.sandbox,
-                ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
-            )
-            if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:
-                raise OfferTooLarge(
-                    f"the signed offer is {len(raw):,} bytes; a node takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}"
-                )
+            raw = node.make_offer(**fields)
+            if (error := too_large(raw)) is not None:
+                raise error
 
             async def interrupt() -> None:
                 async for _ in signals:
@@ -254,20 +308,23 @@ async def run_local(
     return await run_code(request, sandbox=sandbox, origin="local", policy=policy)
 
 
-async def run_doctor() -> dict[str, Any]:
-    """Whether this machine can sandbox, check by check, with the reason when it cannot."""
+async def run_doctor(settings: NodeSettings | None = None) -> dict[str, Any]:
+    """Whether this machine can sandbox, check by check, with the reason when it cannot.
+
+    With `settings` (`doctor --config`), the node's own sandbox mode and executor policy (its image, its seccomp
+    profile) are the ones checked; without, the environment's."""
     from mesh.gate import sandbox_mode_from_env
 
     checks: list[dict[str, Any]] = []
     try:
-        mode = sandbox_mode_from_env()
+        mode = settings.sandbox_mode if settings is not None else sandbox_mode_from_env()
     except ValueError as exc:
         return {"ok": False, "checks": [{"name": "SANDBOX_MODE", "ok": False, "detail": str(exc)}]}
     checks.append({"name": "SANDBOX_MODE", "ok": mode == "docker", "detail": mode})
     if mode == "docker":
         from executor.runner import Executor
 
-        policy = ExecutorPolicy.from_env()
+        policy = settings.executor_policy if settings is not None else ExecutorPolicy.from_env()
         async with Executor.open(policy, node_label="doctor", pool_size=0) as executor:
             health = await executor.health()
             checks.append(

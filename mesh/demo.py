@@ -17,6 +17,7 @@ from executor.contract import Limits
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig, OfferOutcome
 from mesh.offers import TaskOffer, TaskResult, parse_offer
+from mesh.peerid import ed25519_peer_id
 
 SUM_PY = "import json, sys\nxs = json.load(sys.stdin)['xs']\nprint(f'sum of {len(xs)} numbers = {sum(xs)}')\n"
 FIB_JS = (
@@ -41,7 +42,7 @@ def _line(
 ) -> None:
     if outcome.result is not None:
         r = outcome.result.result
-        who = names.get(outcome.result.executor, _short(outcome.result.executor.hex()))
+        who = names.get(outcome.result.executor, _short(ed25519_peer_id(outcome.result.executor)))
         status = "ok" if r.ok else f"FAILED ({r.error_kind})"
         text = (r.stdout or r.stderr).strip().replace("\n", " | ")
         print(f"  {title:<36} {status:<8} by {who:<9} run {r.duration_ms:>4} ms, end to end {elapsed_ms:>5.0f} ms")

@@ -6,7 +6,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from executor.contract import ErrorKind, QueueReason
+from mesh.reasons import Reason
 from transports.hardening.refusals import Refusal
+
+# Every transport that delivers offers, and the gossip validator, which refuses offers before they are forwarded.
+TRANSPORTS = ("gossip", "direct", "ble", "coordinator")
+REJECTING = (*TRANSPORTS, "gossip-validator")
+CLAIM_OUTCOMES = ("granted", "refused")
 
 
 class NodeMetrics:
@@ -39,6 +46,8 @@ class NodeMetrics:
         self.pool_ready = Gauge("edgecoder_pool_ready", "Warm sandbox containers ready", registry=r)
         self.runs_in_flight = Gauge("edgecoder_runs_in_flight", "Sandbox runs holding a slot", registry=r)
         self.participating = Gauge("edgecoder_participating", "1 while the sandbox gate admits remote work", registry=r)
+        self.queue_depth = Gauge("edgecoder_queue_depth", "Admitted offers waiting for a worker", registry=r)
+        self.peers_connected = Gauge("edgecoder_peers_connected", "Peers with an open libp2p connection", registry=r)
         self.claims = Counter("edgecoder_claims", "Claims asked for, by outcome", ["outcome"], registry=r)
         self.job_failures = Counter(
             "edgecoder_job_failures",
@@ -63,6 +72,21 @@ class NodeMetrics:
         self._rejected: dict[tuple[str, str], Any] = {}
         # Every reason exists from the start, at zero: a dashboard can tell "never refused" from "not reported".
         self._connection_refused = {reason: self.connection_refusals.labels(str(reason)) for reason in Refusal}
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """Every known label value exists from the start, at 0, so that a fresh node's rate and ratio queries
+        (the fallback rate, rejections by reason) return 0 rather than nothing."""
+        for transport in TRANSPORTS:
+            self._admitted[transport] = self.offers.labels(transport)
+        for transport in REJECTING:
+            for reason in Reason:
+                self._rejected[(transport, str(reason))] = self.rejections.labels(transport, str(reason))
+        for kind in ("none", *map(str, ErrorKind)):
+            for queue_reason in ("none", *map(str, QueueReason)):
+                self.results.labels(kind, queue_reason)
+        for outcome in CLAIM_OUTCOMES:
+            self.claims.labels(outcome)
 
     def offer_admitted(self, transport: str) -> None:
         child = self._admitted.get(transport)

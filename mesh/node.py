@@ -37,9 +37,11 @@ from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
 from mesh.metrics import NodeMetrics
 from mesh.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
+from mesh.peerid import ed25519_peer_id
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.state import StateDir
+from mesh.status import JobLog
 from transports.addrwatch import AddressWatcher
 from transports.base import Service, Transport
 from transports.bootstrap import Bootstrapper
@@ -104,6 +106,8 @@ class NodeConfig:
     # What peers can make the host hold (connections per source, handshakes, streams, windows): see
     # transports/hardening. None is the defaults; simulations with many nodes behind one address raise them.
     defences: Defences | None = None
+    # The sandbox runtime (issue 14): runc (hardened) until the gVisor tier lands.
+    isolation: str = "runc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,8 @@ class MeshNode:
             replay_journal=None if state is None else state.replay_journal,
         )
         self.metrics.participating.set_function(lambda: float(self.gate.participating))
+        self.metrics.queue_depth.set_function(lambda: float(self.intake.queue_depth))
+        self.metrics.peers_connected.set_function(lambda: float(len(p2p.connected_peers())))
         if executor is not None:
             self.metrics.pool_ready.set_function(lambda: float(executor.stats().pool_ready))
             self.metrics.runs_in_flight.set_function(lambda: float(executor.stats().runs_in_flight))
@@ -194,6 +200,8 @@ class MeshNode:
         self._workers_done = trio.Event()
         # Offer ids whose code this node ran in a container, newest last, for tests, simulations and `jobs`; bounded.
         self.ran: collections.deque[bytes] = collections.deque(maxlen=RAN_HISTORY)
+        # The jobs in the workers' hands and the last ones answered, for `/status` and `edgecoder jobs`.
+        self.job_log = JobLog()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -320,10 +328,12 @@ class MeshNode:
         """
         offer = job.received.offer
         answered = False
+        record = self.job_log.taken(job)
 
         async def answer(result: ExecResult) -> None:
             nonlocal answered
             answered = True
+            self.job_log.answered(record, result)
             await self._reply(job, result)
 
         try:
@@ -343,6 +353,7 @@ class MeshNode:
                     log.exception("could not answer a failed job", offer=offer.offer_id.hex())
         finally:
             self.intake.finished(job)
+            self.job_log.done(job, record, abandoned=job.delivery.scope.cancelled_caught)
 
     async def _handle(self, job: Job, answer: Callable[[ExecResult], Awaitable[None]]) -> None:
         offer = job.received.offer
@@ -366,6 +377,7 @@ class MeshNode:
         with job.delivery.scope:
             granted = await self._claim(job)
             if granted:
+                self.job_log.running(job)
                 result = await self._run(job)
         if job.delivery.scope.cancelled_caught:
             log.info("offer abandoned by its offerer", offer=offer.offer_id.hex(), claimed=granted)
@@ -380,6 +392,7 @@ class MeshNode:
         log.info(
             "offer answered",
             offer=offer.offer_id.hex(),
+            offerer=ed25519_peer_id(offer.offerer),
             transport=job.delivery.transport,
             ok=result.ok,
             error_kind=result.error_kind and str(result.error_kind),

@@ -99,7 +99,12 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         report.figure(
             "ble_result_latency.png",
             "BLE: advertising → verified result at the laptop, s",
-            lambda ax: (ax.hist(latencies, bins=10), ax.set_xlabel("s"), ax.set_ylabel("offers")),
+            lambda ax: (
+                ax.hist(latencies, bins=10),
+                ax.set_xlabel("advertising to verified result, s"),
+                ax.set_ylabel("offers"),
+            ),
+            counted_y=True,
         )
     return report, figures
 

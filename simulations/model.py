@@ -182,7 +182,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         lambda ax: (
             ax.semilogx(xs, [r["p50"] * 1000 for r in rows], "o-", label="p50"),
             ax.semilogx(xs, [r["p99"] * 1000 for r in rows], "s-", label="p99"),
-            ax.set_xlabel("nodes"),
+            ax.set_xlabel("nodes (log scale)"),
+            ax.set_ylabel("offer to every node, ms"),
             ax.legend(),
         ),
     )

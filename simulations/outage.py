@@ -107,8 +107,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         for t, what in events:
             ax.axvline(t, color="grey", ls="--")
             ax.text(t, 0.2, what, rotation=90, fontsize=7)
-        ax.set_xlabel("s")
-        ax.set_ylabel("participating (stacked)")
+        ax.set_xlabel("time since the scenario started, s")
+        ax.set_ylabel("participating: 0 or 1, one step per runner")
 
     report.figure("participation.png", "Gate participation of the runners whose Docker was cut", draw)
     return report, figures

@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display here, and none in CI
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
 
 
 class Report:
@@ -33,10 +34,26 @@ class Report:
             self.lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
         self.lines.append("")
 
-    def figure(self, filename: str, caption: str, draw: Callable[[Axes], object]) -> Path:
-        fig, ax = plt.subplots(figsize=(6, 3.4), dpi=90)
+    def figure(
+        self,
+        filename: str,
+        caption: str,
+        draw: Callable[[Axes], object],
+        *,
+        counted_x: bool = False,
+        counted_y: bool = False,
+    ) -> Path:
+        """A plot with the caption as its title. `counted_x`/`counted_y`: that axis counts things (nodes, offers,
+        hops), so its ticks are whole numbers. Every axis should say what it measures and in which unit."""
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=90)
         try:
             draw(ax)
+            if not ax.get_title():
+                ax.set_title(caption, fontsize=9)
+            if counted_x:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if counted_y:
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             fig.tight_layout()
             path = self.out_dir / filename

@@ -75,8 +75,10 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         lambda ax: (
             ax.plot(xs, [r["delivery_ratio"] for r in rows], "o-"),
             ax.set_xlabel("nodes"),
+            ax.set_ylabel("share of offers delivered to every node within 3 s"),
             ax.set_ylim(0, 1.05),
         ),
+        counted_x=True,
     )
     report.figure(
         "latency_vs_nodes.png",
@@ -85,8 +87,10 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
             ax.plot(xs, [r["latency_p50"] * 1000 for r in rows], "o-", label="p50"),
             ax.plot(xs, [r["latency_p99"] * 1000 for r in rows], "s-", label="p99"),
             ax.set_xlabel("nodes"),
+            ax.set_ylabel("offer to node latency, ms"),
             ax.legend(),
         ),
+        counted_x=True,
     )
     (report.out_dir / "calibration.json").write_text(json.dumps(rows, indent=1))
     return report, {"rows": rows}

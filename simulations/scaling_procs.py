@@ -82,12 +82,15 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
         ax.plot(xs, [r["delivery_ratio"] for r in rows], "o-", label="delivery ratio within 3 s")
         ax.plot(xs, [r["busy_cores"] / (os.cpu_count() or 1) for r in rows], "s--", label="CPU, share of all cores")
         ax.set_xlabel("nodes")
+        ax.set_ylabel("share, 0 to 1")
         ax.set_ylim(0, 1.1)
         ax.legend()
 
     # Read by `simulations.model` for the CPU each received message costs.
     (report.out_dir / "calibration.json").write_text(json.dumps(rows, indent=1))
-    report.figure("procs_delivery_cpu.png", f"Delivery and CPU against nodes, {workers} worker processes", draw)
+    report.figure(
+        "procs_delivery_cpu.png", f"Delivery and CPU against nodes, {workers} worker processes", draw, counted_x=True
+    )
     return report, {"rows": rows}
 
 

@@ -68,9 +68,10 @@ def standard_sections(report: Report, figures: dict[str, Any]) -> None:
             "Offer → node delivery latency (every node reached by every offer), ms",
             lambda ax: (
                 ax.hist(latencies, bins=30, color="tab:blue"),
-                ax.set_xlabel("ms"),
+                ax.set_xlabel("offer to node delivery latency, ms"),
                 ax.set_ylabel("deliveries"),
             ),
+            counted_y=True,
         )
     hops = figures["hops"]
     if hops:
@@ -85,11 +86,18 @@ def standard_sections(report: Report, figures: dict[str, Any]) -> None:
             ax.set_xlabel("GossipSub mesh hops from the publisher")
             ax.set_ylabel("delivery latency, ms")
 
-        report.figure("latency_by_hops.png", "Delivery latency against mesh distance: the per-hop cost", draw)
+        report.figure(
+            "latency_by_hops.png", "Delivery latency against mesh distance: the per-hop cost", draw, counted_x=True
+        )
     results = [x * 1000 for x in figures["result_latencies"]]
     if results:
         report.figure(
             "result_latency.png",
             "Offer → verified result latency (claim, Docker run, signed result back), ms",
-            lambda ax: (ax.hist(results, bins=20, color="tab:green"), ax.set_xlabel("ms"), ax.set_ylabel("offers")),
+            lambda ax: (
+                ax.hist(results, bins=20, color="tab:green"),
+                ax.set_xlabel("offer to verified result, ms"),
+                ax.set_ylabel("offers"),
+            ),
+            counted_y=True,
         )

@@ -81,4 +81,7 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
+    from mesh.logs import configure
+
+    configure()  # logs on stderr: stdout carries only the address the test reads
     trio.run(main, sys.argv[1])

@@ -143,6 +143,8 @@ def offer_args(key: Path, spec: str, code: Path, *extra: str) -> list[str]:
         "python",
         "--code-file",
         str(code),
+        "--log-level",
+        "info",  # the tests wait on the offerer's "node connected"
         *extra,
     ]
 

@@ -34,6 +34,6 @@ def test_loose_key_file_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         coordinator, ["--db", str(tmp_path / "s.db"), "--listen", "127.0.0.1:0", "--key", str(key)]
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a key file that cannot be used is bad input, as for every command
     assert "chmod 600" in result.output
     assert not (tmp_path / "s.db").exists()

@@ -21,12 +21,14 @@ import ipaddress
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import multiaddr
+import structlog
 import trio
 from libp2p import new_host
-from libp2p.abc import IHost, INetStream
+from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import RetryConfig
@@ -41,6 +43,8 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from mesh.identity import NodeIdentity
 from transports.addresses import WILDCARDS, AddressBook, install_circuit_aware_addrs, ip_of, is_circuit, with_peer
 from transports.hardening import Defences, Refusals, RefusalSink, close_fast, install_defences
+
+log = structlog.get_logger("edgecoder.p2p")
 
 StreamHandler = Callable[[INetStream], Awaitable[None]]
 
@@ -296,26 +300,59 @@ class P2PHost:
                     ips.append(ip)
         return ips
 
-    def connections(self) -> list[dict[str, Any]]:
-        """Every live connection, for /status: the peer, where it is, who dialled, and whether it is relayed."""
+    def connections(self) -> list[PeerConnection]:
+        """Each open connection as `/status` shows it: who, which way it was dialled, over which addresses."""
         found = []
-        for peer, conns in list(self.host.get_network().connections.items()):
+        for peer, conns in self.host.get_network().get_connections_map().items():
             for conn in conns:
-                try:
-                    addrs = [str(a) for a in conn.get_transport_addresses()]
-                    relayed = conn.get_connection_type().name == "RELAYED"
-                except Exception:  # a connection closing under us
-                    addrs, relayed = [], False
-                direction = getattr(conn, "direction", None)
-                found.append(
-                    {
-                        "peerId": peer.to_base58(),
-                        "addrs": addrs,
-                        "direction": getattr(direction, "name", str(direction)).lower() if direction else "unknown",
-                        "relayed": relayed,
-                    }
-                )
+                found.append(describe_connection(peer.to_base58(), conn))
         return found
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConnection:
+    peer_id: str
+    direction: str  # inbound (they dialled us), outbound (we dialled them) or unknown
+    addrs: tuple[str, ...]  # the connection's transport addresses
+    relayed: bool  # through a circuit relay (a /p2p-circuit address)
+
+
+def describe_connection(peer_id: str, conn: Any) -> PeerConnection:
+    direction = getattr(conn, "direction", None)
+    name = getattr(direction, "name", str(direction or "unknown")).lower()
+    try:
+        addrs = tuple(str(a) for a in conn.get_transport_addresses())
+    except Exception:  # a connection closing under us has no addresses left to tell
+        addrs = ()
+    try:  # a circuit's connection says so itself; its addresses say it too
+        relayed = conn.get_connection_type().name == "RELAYED"
+    except Exception:
+        relayed = False
+    return PeerConnection(peer_id, name, addrs, relayed or any(is_circuit(a) for a in addrs))
+
+
+class PeerEventLog(INotifee):
+    """Logs connects, disconnects and the node's own listen addresses coming and going: the operator's record of
+    who the node talked to, from where. libp2p awaits these inline, so each only logs."""
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        info = describe_connection(conn.muxed_conn.peer_id.to_base58(), conn)
+        log.info("peer connected", peer=info.peer_id, direction=info.direction, addrs=info.addrs, relayed=info.relayed)
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        log.info("peer disconnected", peer=conn.muxed_conn.peer_id.to_base58())
+
+    async def listen(self, network: INetwork, addr: multiaddr.Multiaddr) -> None:
+        log.info("listening", addr=str(addr))
+
+    async def listen_close(self, network: INetwork, addr: multiaddr.Multiaddr) -> None:
+        log.info("stopped listening", addr=str(addr))
 
 
 @asynccontextmanager
@@ -376,6 +413,7 @@ async def open_host(
     install_circuit_aware_addrs(host)
     # Our bootstrap keeper owns the backoff between attempts; libp2p's own three retries would only stack on it.
     host.get_network().retry_config = RetryConfig(max_retries=0)  # type: ignore[attr-defined]
+    host.get_network().register_notifee(PeerEventLog())
     async with _listening(host, listen_addrs):
         await _stop_auto_connector(host)
         try:

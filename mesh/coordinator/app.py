@@ -30,6 +30,7 @@ from mesh.identity import NodeIdentity
 from mesh.jsontext import JsonError, parse_json
 from mesh.limits import RateLimiter
 from mesh.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
+from mesh.peerid import ed25519_peer_id
 from mesh.reasons import Reason, Rejected, Rejection
 
 log = structlog.get_logger("edgecoder.coordinator")
@@ -60,6 +61,11 @@ class Settings:
     @property
     def offer_clock(self) -> ClockPolicy:
         return ClockPolicy(max_skew_ms=self.offer_skew_ms)
+
+
+def _peer(agent_hex: str) -> str:
+    """An agent as people know it: the PeerID of the node whose key signs its requests (logs show this)."""
+    return ed25519_peer_id(bytes.fromhex(agent_hex))
 
 
 def _refused_response(exc: Refused) -> JSONResponse:
@@ -209,7 +215,7 @@ class Coordinator:
         assert mode is not None
         if not await self.db.call(Store.register, self.db.store, agent, mode, self.clock(), self.settings.max_agents):
             raise Refused(CoordinatorReason.BUSY, "the coordinator has as many agents as it holds", retry_after_s=60)
-        log.info("agent_registered", agent=agent, sandbox_mode=mode)
+        log.info("agent_registered", agent=_peer(agent), sandbox_mode=mode)
         return JSONResponse(
             {"agent": agent, "leaseMs": self.settings.lease_ms, "heartbeatMs": self.settings.heartbeat_ms}
         )
@@ -234,7 +240,7 @@ class Coordinator:
         if outcome is None:
             return self._signed_json(request, {"task": None})
         assert isinstance(outcome, ClaimedTask)
-        log.info("task_claimed", task=outcome.task_id, agent=agent)
+        log.info("task_claimed", task=outcome.task_id, agent=_peer(agent))
         return self._signed_json(
             request,
             {
@@ -282,7 +288,7 @@ class Coordinator:
         if outcome != "queued":
             who = "this offerer has" if outcome == "offerer_full" else "the coordinator has"
             raise Refused(CoordinatorReason.BUSY, f"{who} as many unfinished tasks as it holds", retry_after_s=5)
-        log.info("task_enqueued", task=task_id, offerer=offer.offerer.hex())
+        log.info("task_enqueued", task=task_id, offerer=ed25519_peer_id(offer.offerer))
         return JSONResponse({"taskId": task_id}, status_code=201)
 
     async def task_status(self, request: Request) -> Response:
@@ -295,6 +301,8 @@ class Coordinator:
                 "taskId": row.task_id,
                 "state": row.state,
                 "claimedBy": row.claimed_by,
+                # The same agent as people know it (a node's PeerID), beside the key its requests are signed with.
+                "claimedByPeerId": None if row.claimed_by is None else ed25519_peer_id(bytes.fromhex(row.claimed_by)),
                 "claims": row.claims,
                 "reason": row.reason,
                 "detail": row.detail,
@@ -327,7 +335,7 @@ class Coordinator:
         if not await self.db.call(Store.complete, self.db.store, task_id, agent, raw, self.clock()):
             # The lease lapsed between the check and now: someone else may be running it.
             raise Refused(CoordinatorReason.NOT_CLAIMED, "the claim lapsed before the result arrived")
-        log.info("task_done", task=task_id, agent=agent, ok=result.result.ok)
+        log.info("task_done", task=task_id, agent=_peer(agent), ok=result.result.ok)
         return JSONResponse({"taskId": task_id, "state": "done", "resultSha256": hashlib.sha256(raw).hexdigest()})
 
     async def release(self, request: Request) -> Response:
@@ -357,7 +365,7 @@ class Coordinator:
             Store.release, self.db.store, task_id, agent, disposition, str(reason), detail, self.clock()
         ):
             raise Refused(CoordinatorReason.NOT_CLAIMED, "the claim lapsed before the release arrived")
-        log.info("task_released", task=task_id, agent=agent, reason=str(reason), disposition=disposition)
+        log.info("task_released", task=task_id, agent=_peer(agent), reason=str(reason), disposition=disposition)
         return JSONResponse({"taskId": task_id, "disposition": disposition})
 
     async def _recheck(self, task_id: str) -> Rejection | None:

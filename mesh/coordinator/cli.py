@@ -1,23 +1,38 @@
-"""`edgecoder coordinator`: serve the coordinator until SIGTERM or Ctrl-C.
+"""`edgecoder coordinator`: serve the coordinator until SIGTERM or Ctrl-C, or submit work to one.
 
-The integrator registers `coordinator` (a click command) on the `edgecoder` group; `python -m mesh.coordinator`
-runs the same command on its own.
+    edgecoder coordinator --db tasks.sqlite --listen 127.0.0.1:8700 [--key coordinator.key]   # serve
+    edgecoder coordinator submit --url http://127.0.0.1:8700 --key me.key --language python --code-file job.py [--wait]
+
+The group serves when it is given no subcommand, so the serving command line stays what it always was.
+`python -m mesh.coordinator` runs the same group on its own.
+
+Nothing heavy is imported at module level: the `edgecoder` group registers this one, and `edgecoder --help` must not
+pay for Starlette, Hypercorn, SQLite or httpx. The service is imported only when it is served.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
+import time
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
-import trio
 
-from mesh.coordinator.app import Settings
-from mesh.coordinator.server import run_coordinator
-from mesh.identity import KeyFileError, NodeIdentity
-from mesh.logs import configure as configure_logs
+if TYPE_CHECKING:
+    from mesh.coordinator.app import Settings
+    from mesh.identity import NodeIdentity
+
+EXIT_REFUSED = 3
+# The states a task ends in (`mesh/coordinator/store.py`); `queued` and `claimed` are still moving.
+FINAL_STATES = ("done", "failed", "expired")
+
+
+class BadInput(click.ClickException):
+    exit_code = 2
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -28,7 +43,20 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _load_key(path: Path) -> NodeIdentity:
+    from mesh.identity import KeyFileError, NodeIdentity
+
+    try:
+        return NodeIdentity.load(path)
+    except KeyFileError as exc:
+        raise BadInput(str(exc)) from None
+
+
 async def _serve_until_signalled(db: Path, host: str, port: int, settings: Settings, key: NodeIdentity | None) -> None:
+    import trio
+
+    from mesh.coordinator.server import run_coordinator
+
     async with trio.open_nursery() as nursery:
         # The receiver is open before the ready line, so a test's SIGTERM right after it is never missed.
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -36,20 +64,34 @@ async def _serve_until_signalled(db: Path, host: str, port: int, settings: Setti
             ready = {"event": "ready", "url": url}
             if key is not None:
                 ready["publicKey"] = key.public_key.hex()
+                from mesh.peerid import ed25519_peer_id
+
+                ready["peerId"] = ed25519_peer_id(key.public_key)
             print(json.dumps(ready), flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
 
 
-@click.command("coordinator")
-@click.option("--db", "db", required=True, type=click.Path(dir_okay=False, path_type=Path), help="SQLite state file.")
-@click.option("--listen", "listen", required=True, help="HOST:PORT to serve on; port 0 picks a free one.")
+def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+@click.group("coordinator", invoke_without_command=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), help="SQLite state file (to serve).")
+@click.option("--listen", "listen", help="HOST:PORT to serve on; port 0 picks a free one.")
 @click.option(
     "--key",
     "key",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="The coordinator's identity: /pull responses are signed with it, so agents can pin it.",
+    help="The coordinator's identity: /pull responses are signed with it, so agents can pin it (--coordinator-key).",
 )
 @click.option(
     "--lease",
@@ -121,9 +163,11 @@ async def _serve_until_signalled(db: Path, host: str, port: int, settings: Setti
     show_default=True,
     help="Agents known at once; long-silent agents without a claim are forgotten.",
 )
+@click.pass_context
 def coordinator(
-    db: Path,
-    listen: str,
+    ctx: click.Context,
+    db: Path | None,
+    listen: str | None,
     key: Path | None,
     lease_s: float,
     heartbeat_s: float | None,
@@ -136,14 +180,24 @@ def coordinator(
     max_queued_per_offerer: int,
     max_agents: int,
 ) -> None:
-    """Serve the coordinator: agents register, heartbeat, /pull signed offers and post signed results back."""
+    """Serve a coordinator (--db, --listen), or submit work to one (`submit`).
+
+    Served, agents register, heartbeat, /pull signed offers and post signed results back."""
+    if ctx.invoked_subcommand is not None:
+        if db is not None or listen is not None:
+            raise click.UsageError("--db and --listen serve a coordinator; give them without a subcommand")
+        return
+    if db is None or listen is None:
+        raise click.UsageError("to serve, give --db FILE and --listen HOST:PORT (or use `coordinator submit`)")
     host, port = parse_listen(listen)
-    identity = None
-    if key is not None:
-        try:
-            identity = NodeIdentity.load(key)
-        except KeyFileError as exc:
-            raise click.ClickException(str(exc)) from None
+    identity = _load_key(key) if key is not None else None
+    if not db.parent.is_dir():
+        raise BadInput(f"--db {db}: directory {db.parent} does not exist; create it or pick another path")
+    import trio
+
+    from mesh.coordinator.app import Settings
+    from mesh.logs import configure as configure_logs
+
     lease_ms = round(lease_s * 1000)
     settings = Settings(
         lease_ms=lease_ms,
@@ -158,7 +212,194 @@ def coordinator(
         max_agents=max_agents,
     )
     configure_logs()  # on stderr: stdout carries the ready line, which callers parse
+    import sqlite3
+
     try:
         trio.run(_serve_until_signalled, db, host, port, settings, identity)
+    except Exception as exc:
+        if (found := _first(exc, sqlite3.Error)) is not None:
+            raise BadInput(f"--db {db} cannot be used as the coordinator's SQLite file: {found}") from None
+        if (os_error := _first(exc, OSError)) is not None:
+            assert isinstance(os_error, OSError)
+            raise BadInput(
+                f"cannot serve on {listen}: {os_error.strerror or os_error}; pick another --listen"
+            ) from None
+        raise
+    except KeyboardInterrupt:
+        return
+
+
+# -- submit ----------------------------------------------------------------------------------------------------
+
+
+def _read_code(path: Path, max_chars: int) -> str:
+    try:
+        size = path.stat().st_size
     except OSError as exc:
-        raise click.ClickException(f"cannot serve on {listen}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+    if size > max_chars * 4:
+        raise BadInput(f"{path} is {size:,} bytes; an offer carries at most {max_chars:,} characters")
+    try:
+        code = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+    if len(code) > max_chars:
+        raise BadInput(f"{path} holds {len(code):,} characters; an offer carries at most {max_chars:,}")
+    return code
+
+
+def _parse_input(text: str | None) -> Any:
+    if text is None:
+        return None
+    from mesh.codec import MAX_DEPTH, check_json_data
+    from mesh.jsontext import JsonError, parse_json
+    from mesh.reasons import Rejected
+
+    try:
+        value = parse_json(text, max_depth=MAX_DEPTH + 1)
+        check_json_data(value, "--input")
+    except JsonError as exc:
+        raise BadInput(f"--input is not JSON an offer can carry: {exc}") from None
+    except Rejected as exc:
+        raise BadInput(exc.rejection.detail) from None
+    return value
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    click.echo(json.dumps(obj, separators=(",", ":")))
+    sys.stdout.flush()
+
+
+@coordinator.command("submit")
+@click.option("--url", required=True, metavar="URL", help="The coordinator's base URL (its ready line's `url`).")
+@click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The offerer's key file.")
+@click.option("--language", type=click.Choice(["python", "javascript"]), required=True)
+@click.option("--code-file", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--input", "input_json", default=None, help="JSON data for the program's stdin.")
+@click.option("--timeout-ms", type=click.IntRange(1, 3_600_000), default=5_000, show_default=True)
+@click.option("--memory-mb", type=click.IntRange(1, 65_536), default=128, show_default=True)
+@click.option(
+    "--ttl-s",
+    type=click.IntRange(1, 3600),
+    default=600,
+    show_default=True,
+    help="How long the offer stays valid: the queue keeps it at most this long.",
+)
+@click.option("--wait", is_flag=True, help="Wait for the result, verify its signature and print it.")
+@click.option(
+    "--wait-s", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True, help="How long --wait waits."
+)
+def submit(
+    url: str,
+    key: Path,
+    language: str,
+    code_file: Path,
+    input_json: str | None,
+    timeout_ms: int,
+    memory_mb: int,
+    ttl_s: int,
+    wait: bool,
+    wait_s: float,
+) -> None:
+    """Sign an offer from files and enqueue it; print {"taskId": ...}. With --wait, also the verified result.
+
+    Exit codes: 0 queued (or, with --wait, ran ok), 1 the run failed or no coordinator answered, 2 bad input,
+    3 refused (by the coordinator, or the task failed or expired), 130 interrupted."""
+    import hashlib
+
+    from executor.contract import Limits
+    from mesh.config import coordinator_url
+    from mesh.offers import MAX_CODE_CHARS, TaskOffer
+
+    try:
+        base = coordinator_url(url)
+    except ValueError as exc:
+        raise BadInput(f"--url: {exc}") from None
+    identity = _load_key(key)
+    code = _read_code(code_file, MAX_CODE_CHARS)
+    offer = TaskOffer.create(
+        identity,
+        language=language,  # type: ignore[arg-type]
+        code=code,
+        input=_parse_input(input_json),
+        limits=Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
+        ttl_ms=ttl_s * 1000,
+    )
+    raw = offer.sign(identity)
+    from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+
+    if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:  # checked before anything is sent
+        raise BadInput(
+            f"the signed offer is {len(raw):,} bytes; a coordinator takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}"
+        )
+    import httpx
+
+    with httpx.Client(base_url=base, timeout=10) as client:
+        answer = _request(client, "POST", "/tasks", content=raw, headers={"content-type": "application/octet-stream"})
+        if answer.status_code != 201:
+            _refused(answer)
+        task_id = str(answer.json()["taskId"])
+        _emit({"taskId": task_id})
+        if not wait:
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            state = _request(client, "GET", f"/tasks/{task_id}")
+            if state.status_code != 200:
+                _refused(state)
+            status = state.json()
+            if status["state"] in FINAL_STATES:
+                break
+            if time.monotonic() > deadline:
+                _emit({"ok": False, "refusal": "timeout", "detail": f"task still {status['state']} after {wait_s:g} s"})
+                sys.exit(EXIT_REFUSED)
+            time.sleep(0.2)
+    if status["state"] != "done":
+        _emit({"ok": False, "refusal": status.get("reason") or status["state"], "detail": status.get("detail") or ""})
+        sys.exit(EXIT_REFUSED)
+    _print_verified(status, raw, offer.offer_id, hashlib.sha256(raw).digest())
+
+
+def _print_verified(status: dict[str, Any], raw: bytes, offer_id: bytes, digest: bytes) -> None:
+    """The result, verified against the agent that held the claim, this offer's id and this offer's digest."""
+    import base64
+
+    from mesh.offers import open_result
+    from mesh.peerid import ed25519_peer_id
+    from mesh.reasons import Rejected
+
+    try:
+        claimant = bytes.fromhex(status["claimedBy"])
+        result = open_result(base64.b64decode(status["result"], validate=True), expect_executor=claimant)
+    except (Rejected, ValueError, TypeError, KeyError) as exc:
+        detail = exc.rejection.detail if isinstance(exc, Rejected) else f"{type(exc).__name__}: {exc}"
+        _emit({"ok": False, "refusal": "malformed", "detail": f"the result does not verify: {detail}"})
+        sys.exit(EXIT_REFUSED)
+    if result.offer_id != offer_id or result.offer_digest != digest:
+        _emit({"ok": False, "refusal": "malformed", "detail": "the result names another offer"})
+        sys.exit(EXIT_REFUSED)
+    _emit({**result.to_json(), "executorPeerId": ed25519_peer_id(result.executor)})
+    sys.exit(0 if result.result.ok else 1)
+
+
+def _request(client: Any, method: str, path: str, **kwargs: Any) -> Any:
+    import httpx
+
+    try:
+        return client.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(
+            f"no coordinator answers at {client.base_url} ({type(exc).__name__}: {exc}); check --url"
+        ) from None
+
+
+def _refused(response: Any) -> None:
+    try:
+        body = response.json()
+        reason, detail = str(body["reason"]), str(body.get("detail", ""))
+    except (ValueError, KeyError, TypeError):
+        reason, detail = "http_error", f"{response.status_code}: {response.text[:200]}"
+    _emit({"ok": False, "refusal": reason, "detail": detail})
+    sys.exit(EXIT_REFUSED)

@@ -1,0 +1,169 @@
+"""What a running node says about itself: `GET /status` and `/healthz`, and the recent-jobs log behind `jobs`.
+
+`/status` is read by `edgecoder status`, `peers` and `jobs` (and by people with curl), so its field names are a
+contract, camelCase like the rest of the node's JSON; docs/reference/status.md lists them. Everything in it is read
+from the node's live state at request time: nothing here keeps a copy that could fall out of step, except the jobs
+log, which is the only record of finished jobs the node has.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mesh.peerid import ed25519_peer_id
+
+if TYPE_CHECKING:
+    from executor.contract import ExecResult
+    from mesh.intake import Job
+    from mesh.node import MeshNode
+
+# How many finished jobs `/status` remembers, newest first.
+JOB_HISTORY = 100
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """One offer a worker took: from the claim to the answer it sent."""
+
+    offer_id: str
+    offerer: str  # PeerID
+    transport: str
+    taken_at_ms: int
+    state: str = "claiming"  # claiming, running, answered, not-claimed, abandoned
+    ok: bool | None = None
+    error_kind: str | None = None
+    queue_reason: str | None = None
+    duration_ms: int | None = None
+    finished_at_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offerId": self.offer_id,
+            "offerer": self.offerer,
+            "transport": self.transport,
+            "state": self.state,
+            "takenAtMs": self.taken_at_ms,
+            "finishedAtMs": self.finished_at_ms,
+            "ok": self.ok,
+            "errorKind": self.error_kind,
+            "queueReason": self.queue_reason,
+            "durationMs": self.duration_ms,
+        }
+
+
+@dataclass
+class JobLog:
+    """The jobs in a worker's hands now, and the last `history` that finished. Bounded: a worker holds one job."""
+
+    history: int = JOB_HISTORY
+    active: dict[int, JobRecord] = field(default_factory=dict)
+    finished: collections.deque[JobRecord] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.finished = collections.deque(maxlen=self.history)
+
+    def taken(self, job: Job) -> JobRecord:
+        offer = job.received.offer
+        record = JobRecord(
+            offer_id=offer.offer_id.hex(),
+            offerer=ed25519_peer_id(offer.offerer),
+            transport=job.delivery.transport,
+            taken_at_ms=time.time_ns() // 1_000_000,
+        )
+        self.active[id(job)] = record
+        return record
+
+    def running(self, job: Job) -> None:
+        record = self.active.get(id(job))
+        if record is not None:
+            record.state = "running"
+
+    @staticmethod
+    def answered(record: JobRecord, result: ExecResult) -> None:
+        record.state = "answered"
+        record.ok = result.ok
+        record.error_kind = None if result.error_kind is None else str(result.error_kind)
+        record.queue_reason = result.queue_reason
+        record.duration_ms = result.duration_ms
+
+    def done(self, job: Job, record: JobRecord, *, abandoned: bool = False) -> None:
+        self.active.pop(id(job), None)
+        if record.state in ("claiming", "running"):
+            record.state = "abandoned" if abandoned else "not-claimed"
+        record.finished_at_ms = time.time_ns() // 1_000_000
+        self.finished.appendleft(record)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in self.active.values()] + [r.to_json() for r in self.finished]
+
+
+def node_status(node: MeshNode) -> dict[str, Any]:
+    """The node's state, as `/status` serves it."""
+    stats = node.executor.stats() if node.executor is not None else None
+    heard = {h.peer_id: h for h in node.peers.fresh()}
+    now = time.monotonic()
+    peers = []
+    connected = set()
+    for conn in node.p2p.connections():
+        connected.add(conn.peer_id)
+        beat = heard.get(conn.peer_id)
+        peers.append(
+            {
+                "peerId": conn.peer_id,
+                "connected": True,
+                "direction": conn.direction,
+                "relayed": conn.relayed,
+                "connectionAddrs": list(conn.addrs),
+                "addrs": list(beat.addrs) if beat else [],
+                "sandboxMode": beat.sandbox_mode if beat else None,
+                "freeSlots": beat.free_slots if beat else None,
+                "heartbeatAgeS": round(now - beat.seen_at, 1) if beat else None,
+            }
+        )
+    for peer_id, beat in heard.items():  # heartbeats flood the mesh: peers we hear of but hold no connection to
+        if peer_id in connected:
+            continue
+        peers.append(
+            {
+                "peerId": peer_id,
+                "connected": False,
+                "direction": None,
+                "relayed": None,
+                "connectionAddrs": [],
+                "addrs": list(beat.addrs),
+                "sandboxMode": beat.sandbox_mode,
+                "freeSlots": beat.free_slots,
+                "heartbeatAgeS": round(now - beat.seen_at, 1),
+            }
+        )
+    healthy, reason = health(node)
+    return {
+        "peerId": node.peer_id,
+        "addrs": node.addrs,
+        "sandboxMode": node.gate.reported_mode,
+        "isolation": node.config.isolation,
+        "participating": healthy,
+        "gate": {"ok": node.gate.status.ok, "reason": node.gate.status.reason, "detail": node.gate.status.detail},
+        "reason": reason,
+        "runsInFlight": stats.runs_in_flight if stats else 0,
+        "maxConcurrent": stats.max_concurrent if stats else 0,
+        "poolReady": stats.pool_ready if stats else 0,
+        "queueDepth": node.intake.queue_depth,
+        "queueSize": node.intake.policy.queue_size,
+        "peers": peers,
+        "jobs": node.job_log.to_json(),
+        "offersAdmitted": dict(node.intake.admitted),
+        "offersRejected": {f"{t}/{r}": n for (t, r), n in node.intake.rejected.items()},
+    }
+
+
+def health(node: MeshNode) -> tuple[bool, str]:
+    """(takes part, why): the sandbox gate admits remote work and the node is not shutting down."""
+    if node.intake.jobs.closed:
+        return False, "shutting_down"
+    if not node.gate.participating:
+        return False, node.gate.status.reason
+    return True, "ready"

@@ -68,9 +68,13 @@ def test_a_gossip_offer_runs_exactly_once_and_the_offerer_verifies_the_result() 
             runners = [n for n in m["nodes"] if offer_id(raw) in n.ran]
             assert len(runners) == 1
             assert outcome.result.executor == runners[0].identity.public_key
-            # Every other node heard the offer (it was admitted by their intakes) but was refused the claim.
+            # Only the invitees took the offer (the others refused it at once, and forwarded it); at most they asked
+            # for the claim, and one got it.
             await trio.sleep(0.5)
-            assert sum(n.intake.admitted["gossip"] for n in m["nodes"]) == 3
+            taken = sum(n.intake.admitted["gossip"] for n in m["nodes"])
+            not_invited = sum(n.intake.rejected[("gossip", "not_invited")] for n in m["nodes"])
+            assert 1 <= taken <= offerer.config.invitees and taken + not_invited == 3
+            assert outcome.issues == 1 and 1 <= outcome.claim_requests <= taken
             assert sum(n.ran.count(offer_id(raw)) for n in m["nodes"]) == 1
 
     run(main)
@@ -318,8 +322,9 @@ def test_a_claim_that_lapses_without_a_result_is_re_offered_and_runs() -> None:
     run(main)
 
 
-def test_gossip_claims_do_not_wait_for_heartbeats() -> None:
-    """With heartbeats far apart, a new offerer has heard none: it asks the claimant for its status instead."""
+def test_a_claim_brings_the_claimants_status_so_the_offerer_need_not_know_it_or_ask() -> None:
+    """An offerer that knows nothing of a runner (no status yet, say) publishes the offer open; the runner's claim
+    carries its own status, and the desk grants on that without a round trip to ask for it."""
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -333,13 +338,19 @@ def test_gossip_claims_do_not_wait_for_heartbeats() -> None:
                 )
             )
             assert await offerer.wait_for_runner(timeout=10)
-            # Whether or not gossip's history already brought the runner's one heartbeat, the offerer has none now.
             offerer.peers.forget(runner.peer_id)
-            outcome = await offerer.offer_gossip(
-                offerer.make_offer(language="python", code="print('asked')"), timeout=20
-            )
+            asked: list[str] = []
+            ask = offerer.desk._ask_status
+
+            async def counting(peer: str) -> Any:
+                asked.append(peer)
+                return await ask(peer) if ask is not None else None
+
+            offerer.desk._ask_status = counting
+            raw = offerer.make_offer(language="python", code="print('asked')")
+            outcome = await offerer.offer_gossip(raw, timeout=20)
             assert outcome.result is not None, outcome.refusal
             assert outcome.result.result.stdout == "asked\n"
-            assert offerer.peers.sandbox_mode(runner.peer_id) == "docker"  # learnt from the status answer
+            assert asked == [] and outcome.claim_requests == 1
 
     run(main)

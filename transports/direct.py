@@ -47,11 +47,14 @@ RESULT_PROTOCOL = "/edgecoder/result/1.0.0"
 STATUS_PROTOCOL = "/edgecoder/status/1.0.0"
 # The offerer of a gossip offer tells its claimant that it stopped waiting.
 ABORT_PROTOCOL = "/edgecoder/abort/1.0.0"
+# A node's status pushed to a neighbour when it changes (transports.presence); answered with an ack.
+PRESENCE_PROTOCOL = "/edgecoder/presence/1.0.0"
 
 # A signed result plus the answer map around it.
 MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
-# A claim request or any answer other than a result: a type, an id, a reason and a short detail.
-MAX_CONTROL_FRAME = 4 * 1024
+# A claim request or any answer other than a result: a type, an id, a reason and a short detail; a status with its
+# addresses and the runners it reports.
+MAX_CONTROL_FRAME = 8 * 1024
 # Bounds a write to a peer that stopped reading (its yamux window is full).
 WRITE_TIMEOUT = 5.0
 
@@ -72,13 +75,17 @@ _ANSWER_FRAME_REASONS = {
 ABORT_SEND_TIMEOUT = 1.0
 # Asked whether a peer's offer with this id is pending here; True when one was cancelled.
 AbortFn = Callable[[str, bytes], bool]
+# Told of a status a neighbour pushed: (its PeerID, the status).
+PresenceFn = Callable[[str, dict[str, Any]], object]
 
 
 class OfferDesk(Protocol):
     """The offerer's side of claims and results. Implemented by `mesh.claims`."""
 
-    async def grant_claim(self, offer_id: bytes, claimant: str) -> Rejection | None:
-        """None grants the claim."""
+    async def grant_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None = None
+    ) -> Rejection | None:
+        """None grants the claim. `status` is the claimant's own, sent with its request."""
         ...
 
     async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:
@@ -201,10 +208,12 @@ class DirectTransport:
         result_timeout: float = 120.0,
         status: Callable[[], dict[str, Any]] | None = None,
         abort: AbortFn | None = None,
+        presence: PresenceFn | None = None,
     ) -> None:
         self.host = host
         self.status = status
         self.abort = abort
+        self.presence = presence
         self.sink: OfferSink | None = None  # set by run(): offers are refused until then
         self.desk = desk
         self.max_frame = max_frame
@@ -226,6 +235,8 @@ class DirectTransport:
             handlers[STATUS_PROTOCOL] = self._serve_status
         if self.abort is not None:
             handlers[ABORT_PROTOCOL] = self._serve_abort
+        if self.presence is not None:
+            handlers[PRESENCE_PROTOCOL] = self._serve_presence
         self.sink = sink
         for protocol, serve in handlers.items():
             self.host.set_handler(protocol, self._guarded(serve))
@@ -339,7 +350,11 @@ class DirectTransport:
         request = await self._read_control(stream, "claim")
         if request is None:
             return
-        await self._answer_from_desk(stream, self.desk.grant_claim(request["offerId"], _remote_peer(stream)), "grant")
+        status = request.get("status")
+        decision = self.desk.grant_claim(
+            request["offerId"], _remote_peer(stream), status if isinstance(status, dict) else None
+        )
+        await self._answer_from_desk(stream, decision, "grant")
 
     async def _serve_result(self, stream: INetStream) -> None:
         raw = await self._read_request(stream, MAX_RESULT_FRAME)
@@ -353,6 +368,19 @@ class DirectTransport:
             return
         assert self.status is not None
         await _send(stream, {"type": "status", "heartbeat": self.status()})
+
+    async def _serve_presence(self, stream: INetStream) -> None:
+        frame = await self._read_request(stream, MAX_CONTROL_FRAME)
+        if frame is None:
+            return
+        request = decode_request(frame)
+        status = request.get("status") if isinstance(request, dict) and request.get("type") == "presence" else None
+        if not isinstance(status, dict):
+            await self._refuse(stream, Rejection(Reason.MALFORMED, "expected {type: presence, status: map}"))
+            return
+        assert self.presence is not None
+        self.presence(_remote_peer(stream), status)  # a status naming another peer is ignored by the directory
+        await _send(stream, {"type": "ack"})
 
     async def _answer_from_desk(self, stream: INetStream, decision: Awaitable[Rejection | None], ok: str) -> None:
         # The desk is local and should answer at once; the bound keeps a slow one from pinning the stream.
@@ -428,11 +456,15 @@ class DirectTransport:
         return DirectAnswer(result, None)
 
     async def request_claim(self, peer: str, offer_id: bytes) -> Rejection | None:
-        """Ask the offerer for the right to run `offer_id`. None means granted."""
+        """Ask the offerer for the right to run `offer_id`, telling it our status (so it need not ask). None means
+        granted."""
+        request: dict[str, Any] = {"type": "claim", "offerId": offer_id}
+        if self.status is not None:
+            request["status"] = self.status()
         answer = await self._exchange(
             peer,
             CLAIM_PROTOCOL,
-            pack({"type": "claim", "offerId": offer_id}),
+            pack(request),
             "grant",
             answer_timeout=self.stall_timeout,
             max_answer=MAX_CONTROL_FRAME,
@@ -455,6 +487,18 @@ class DirectTransport:
         if not isinstance(heartbeat, dict):
             return Rejection(Reason.MALFORMED, "status answer carries no heartbeat")
         return heartbeat
+
+    async def push_status(self, peer: str, status: dict[str, Any]) -> Rejection | None:
+        """Tell a neighbour our status (it changed, or it is time to refresh). None means acknowledged."""
+        answer = await self._exchange(
+            peer,
+            PRESENCE_PROTOCOL,
+            pack({"type": "presence", "status": status}),
+            "ack",
+            answer_timeout=self.stall_timeout,
+            max_answer=MAX_CONTROL_FRAME,
+        )
+        return answer if isinstance(answer, Rejection) else None
 
     async def send_abort(self, peer: str, offer_id: bytes) -> Rejection | None:
         """Tell a claimant that this node, the offerer, no longer waits for `offer_id`. None means it stopped it."""

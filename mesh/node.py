@@ -124,6 +124,16 @@ class NodeConfig:
     defences: Defences | None = None
     # The sandbox runtime (issue 14): runc (hardened) until the gVisor tier lands.
     isolation: str = "runc"
+    # An executor and its running gate, opened by the caller and shared by many nodes of one process (simulations
+    # of hundreds of nodes on two cores, where each node opening its own Docker executor and canary would measure
+    # dockerd instead of the mesh). Real runs, real gate; the caller owns both. None: the node opens its own.
+    shared_sandbox: SharedSandbox | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSandbox:
+    executor: Executor
+    gate: SandboxGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +167,8 @@ class MeshNode:
         self.identity = config.identity
         self.metrics = metrics or NodeMetrics()
         self.peers = PeerDirectory(stale_after=3.5 * config.heartbeat_interval)
-        self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
+        shared = config.shared_sandbox if config.sandbox_mode == "docker" else None
+        self.gate = shared.gate if shared else SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
         self.intake = Intake(
             config.intake_policy,
             participating=lambda: self.gate.participating,
@@ -237,7 +248,9 @@ class MeshNode:
             if config.state_root is not None:
                 state = stack.enter_context(StateDir.locked(config.state_root, config.identity.peer_id))
             executor = None
-            if config.sandbox_mode == "docker":
+            if config.sandbox_mode == "docker" and config.shared_sandbox is not None:
+                executor = config.shared_sandbox.executor
+            elif config.sandbox_mode == "docker":
                 from executor.runner import Executor
 
                 executor = await stack.enter_async_context(
@@ -271,7 +284,8 @@ class MeshNode:
     async def _start(self) -> None:
         # The gate's first verdict comes before any transport opens, so a node that cannot sandbox never
         # subscribes to offers, not even for a moment.
-        await self._nursery.start(self.gate.run)
+        if self.config.shared_sandbox is None or self.config.sandbox_mode != "docker":
+            await self._nursery.start(self.gate.run)
         self.gate.on_change(self._follow_gate)
         for transport in self.transports:
             await self._nursery.start(transport.run, self.intake)

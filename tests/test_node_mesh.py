@@ -354,3 +354,40 @@ def test_a_claim_brings_the_claimants_status_so_the_offerer_need_not_know_it_or_
             assert asked == [] and outcome.claim_requests == 1
 
     run(main)
+
+
+def test_runner_nodes_sharing_one_executor_and_gate_still_run_each_offer_once() -> None:
+    """How simulations run hundreds of runners on two cores: one real executor and gate per process."""
+
+    async def main() -> None:
+        from executor.runner import Executor
+        from mesh.gate import SandboxGate
+        from mesh.node import SharedSandbox
+
+        async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
+            executor = await stack.enter_async_context(Executor.open(sandbox_policy(), node_label="shared-test"))
+            gate = SandboxGate("docker", executor, interval=3600)
+            await nursery.start(gate.run)
+            shared = SharedSandbox(executor, gate)
+
+            async def start(mode: str, peers: list[str]) -> MeshNode:
+                config = NodeConfig(
+                    identity=NodeIdentity.generate(),
+                    peers=peers,
+                    sandbox_mode=mode,  # type: ignore[arg-type]
+                    executor_policy=sandbox_policy(),
+                    shared_sandbox=shared,
+                )
+                return await stack.enter_async_context(MeshNode.open(config))
+
+            first = await start("docker", [])
+            second = await start("docker", first.addrs[:1])
+            offerer = await start("none", first.addrs[:1])
+            assert await offerer.wait_for_runner(timeout=15)
+            raw = offerer.make_offer(language="python", code="print('shared')")
+            outcome = await offerer.offer_gossip(raw, timeout=30)
+            assert outcome.ok and outcome.result is not None and outcome.result.result.stdout == "shared\n"
+            assert first.ran.count(offer_id(raw)) + second.ran.count(offer_id(raw)) == 1
+            nursery.cancel_scope.cancel()  # the gate's loop: the nodes close with the stack
+
+    run(main)

@@ -55,6 +55,7 @@ class ClaimJob:
     """One piece of work, over all its issues: the grants, the results, and the claim requests it drew."""
 
     grants: list[_Grant] = field(default_factory=list)
+    lapsed: list[_Grant] = field(default_factory=list)  # grants whose lease ran out without a result
     results: list[TaskResult] = field(default_factory=list)
     requests: int = 0  # claim requests received, granted or not
     refused: int = 0
@@ -208,7 +209,8 @@ class ClaimDesk:
         if result.offer_digest != posted.received.digest:
             return Rejection(Reason.MALFORMED, "the result names another offer's bytes")
         job = posted.job
-        if not any(g.claimant == sender and g.offer_id == result.offer_id for g in job.grants):
+        # A claim that lapsed still counts when its result comes late: the work ran, and it is the first result.
+        if not any(g.claimant == sender and g.offer_id == result.offer_id for g in job.grants + job.lapsed):
             return Rejection(Reason.CLAIM_REFUSED, "the sender holds no claim on this offer")
         if any(r.executor == result.executor for r in job.results):
             return None  # a repeated delivery of the same result
@@ -217,14 +219,15 @@ class ClaimDesk:
         return None
 
     def undelivered(self, job: ClaimJob) -> list[tuple[str, bytes]]:
-        """(claimant, offer id) of each grant on `job` that has not delivered a result."""
+        """(claimant, offer id) of each grant on `job`, lapsed ones included, that has not delivered a result."""
         delivered = {r.executor for r in job.results}
-        return [(g.claimant, g.offer_id) for g in job.grants if _key_of(g.claimant) not in delivered]
+        return [(g.claimant, g.offer_id) for g in job.lapsed + job.grants if _key_of(g.claimant) not in delivered]
 
     def lapsed(self, job: ClaimJob) -> bool:
         """True when claims were granted, none is still live, and no result came: the offerer may re-offer.
 
-        Each claimant whose claim lapsed gets a strike (once per job): it is invited last from then on.
+        The lapsed grants are set aside (a later issue's grant is judged on its own), and each claimant whose claim
+        lapsed gets a strike (once per job): it is invited last from then on.
         """
         if not job.grants or job.results or self._live_grants(job):
             return False
@@ -232,6 +235,8 @@ class ClaimDesk:
             if grant.claimant not in job.struck:
                 job.struck.add(grant.claimant)
                 self.strikes.add(grant.claimant)
+        job.lapsed += job.grants
+        job.grants = []
         return True
 
     def claimed(self, job: ClaimJob) -> bool:

@@ -322,6 +322,41 @@ def test_a_claim_that_lapses_without_a_result_is_re_offered_and_runs() -> None:
     run(main)
 
 
+def test_a_claimant_that_wins_and_never_delivers_loses_priority_and_the_re_offer_goes_to_another() -> None:
+    """Claim griefing (issue 11): a runner claims every offer it is invited to and never delivers. The offerer's
+    re-issue invites the other runner, the work runs once, the griefer gets a strike, and later offers invite the
+    honest runner first (the griefer only when nobody else is known)."""
+
+    async def main() -> None:
+        async with mesh(runners=2, claim_lease_margin_s=0.5, invitees=1) as m:
+            offerer: MeshNode = m["offerer"]
+            griefer, honest = m["nodes"]
+            griefed: list[bytes] = []
+
+            async def claim_and_sit_on_it(job: Any, answer: Any) -> None:
+                if await job.delivery.claim():
+                    griefed.append(job.received.offer.offer_id)
+
+            griefer._handle = claim_and_sit_on_it  # type: ignore[method-assign]
+            # Make sure the first issue goes to the griefer: strike the honest runner once, in the offerer's book.
+            offerer.desk.strikes.add(honest.peer_id)
+            first = offerer.make_offer(language="python", code="print('griefed')", limits=Limits(timeout_ms=1000))
+            outcome = await offerer.offer_gossip(first, timeout=30)
+            assert outcome.result is not None and outcome.result.executor == honest.identity.public_key
+            assert griefed == [offer_id(first)] and outcome.issues == 2
+            assert offerer.desk.strikes[griefer.peer_id] == 1
+            assert sum(n.ran.count(outcome.result.offer_id) for n in m["nodes"]) == 1
+            # Both have one strike now; a second griefing makes the griefer the one invited last.
+            offerer.desk.strikes.add(griefer.peer_id)
+            for i in range(3):
+                later = await offerer.offer_gossip(offerer.make_offer(language="python", code=f"print({i})"))
+                assert later.result is not None and later.result.executor == honest.identity.public_key
+                assert later.issues == 1 and later.claim_requests == 1
+            assert len(griefed) == 1
+
+    run(main)
+
+
 def test_a_claim_brings_the_claimants_status_so_the_offerer_need_not_know_it_or_ask() -> None:
     """An offerer that knows nothing of a runner (no status yet, say) publishes the offer open; the runner's claim
     carries its own status, and the desk grants on that without a round trip to ask for it."""

@@ -337,7 +337,7 @@ def test_a_claimant_that_wins_and_never_delivers_loses_priority_and_the_re_offer
                 if await job.delivery.claim():
                     griefed.append(job.received.offer.offer_id)
 
-            griefer._handle = claim_and_sit_on_it  # type: ignore[method-assign]
+            griefer._handle = claim_and_sit_on_it
             # Make sure the first issue goes to the griefer: strike the honest runner once, in the offerer's book.
             offerer.desk.strikes.add(honest.peer_id)
             first = offerer.make_offer(language="python", code="print('griefed')", limits=Limits(timeout_ms=1000))

@@ -54,13 +54,19 @@ class _Grant:
 class ClaimJob:
     """One piece of work, over all its issues: the grants, the results, and the claim requests it drew."""
 
+    # How many independent runners (distinct PeerIDs) should run it: 1, or k for k-of-k replication.
+    redundancy: int = 1
     grants: list[_Grant] = field(default_factory=list)
     lapsed: list[_Grant] = field(default_factory=list)  # grants whose lease ran out without a result
     results: list[TaskResult] = field(default_factory=list)
     requests: int = 0  # claim requests received, granted or not
     refused: int = 0
     struck: set[str] = field(default_factory=set)
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = field(default_factory=trio.Event)  # set once `redundancy` results are in
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) >= self.redundancy
 
 
 @dataclass(slots=True)
@@ -125,7 +131,7 @@ class ClaimDesk:
 
     def post(self, received: ReceivedOffer, job: ClaimJob | None = None) -> PostedOffer:
         """Open an issue for claims; `job` joins it to the earlier issues of the same work."""
-        posted = PostedOffer(received, job or ClaimJob())
+        posted = PostedOffer(received, job or ClaimJob(redundancy=self.redundancy))
         self._posted[received.offer.offer_id] = posted
         while len(self._posted) > self.capacity:
             self._posted.popitem(last=False)
@@ -190,7 +196,10 @@ class ClaimDesk:
         live = self._live_grants(job)
         if any(g.claimant == claimant and g.offer_id == offer.offer_id for g in live):
             return None  # a retried claim by the same peer is the same claim
-        if len(live) >= self.redundancy or job.results:
+        if any(g.claimant == claimant for g in live):
+            # Replicas must come from distinct runners: one runner's two results would agree with themselves.
+            return Rejection(Reason.CLAIM_REFUSED, "already claimed by this claimant under another issue")
+        if len(live) >= job.redundancy or job.complete:
             return Rejection(Reason.CLAIM_REFUSED, "already claimed")
         lease = offer.limits.timeout_ms / 1000 + self.lease_margin_s
         job.grants = [*live, _Grant(claimant, offer.offer_id, self._monotonic() + lease)]
@@ -215,7 +224,8 @@ class ClaimDesk:
         if any(r.executor == result.executor for r in job.results):
             return None  # a repeated delivery of the same result
         job.results.append(result)
-        job.done.set()
+        if job.complete:
+            job.done.set()
         return None
 
     def undelivered(self, job: ClaimJob) -> list[tuple[str, bytes]]:
@@ -224,21 +234,25 @@ class ClaimDesk:
         return [(g.claimant, g.offer_id) for g in job.lapsed + job.grants if _key_of(g.claimant) not in delivered]
 
     def lapsed(self, job: ClaimJob) -> bool:
-        """True when claims were granted, none is still live, and no result came: the offerer may re-offer.
+        """True when a granted claim's lease ran out without its result: the offerer may re-offer that share.
 
         The lapsed grants are set aside (a later issue's grant is judged on its own), and each claimant whose claim
         lapsed gets a strike (once per job): it is invited last from then on.
         """
-        if not job.grants or job.results or self._live_grants(job):
+        if job.complete:
             return False
-        for grant in job.grants:
+        live = self._live_grants(job)
+        expired = [g for g in job.grants if g not in live]
+        if not expired:
+            return False
+        for grant in expired:
             if grant.claimant not in job.struck:
                 job.struck.add(grant.claimant)
                 self.strikes.add(grant.claimant)
-        job.lapsed += job.grants
-        job.grants = []
+        job.lapsed += expired
+        job.grants = live
         return True
 
     def claimed(self, job: ClaimJob) -> bool:
-        """A claim is live (someone is running it) or a result is in."""
-        return bool(job.results) or bool(self._live_grants(job))
+        """Enough claims are live (someone is running each share) or results are in."""
+        return len(self._live_grants(job)) >= job.redundancy or job.complete

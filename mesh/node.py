@@ -46,6 +46,7 @@ from mesh.offers import (
     now_ms,
     open_result,
     parse_offer,
+    result_digest,
 )
 from mesh.peerid import ed25519_peer_id
 from mesh.peers import PeerDirectory
@@ -147,6 +148,8 @@ class OfferOutcome:
     claims_refused: int = 0
     claim_requests: int = 0
     issues: int = 0
+    # Gossip with replicas: every runner's verified result (the first is `result`), all agreeing when `result` is set.
+    replicas: tuple[TaskResult, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -522,8 +525,13 @@ class MeshNode:
             return OfferOutcome(refusal=Rejection(Reason.WRONG_EXECUTOR, "signed by another key than the peer's"))
         return OfferOutcome(result=result)
 
-    async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0) -> OfferOutcome:
-        """Publish, let exactly one invited runner run it, and wait for its verified result.
+    async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0, replicas: int | None = None) -> OfferOutcome:
+        """Publish, let exactly one invited runner run it (or `replicas` distinct ones), and wait for the verified
+        result.
+
+        With `replicas` k > 1 (default `claim_redundancy`), k distinct runners each run it and the result counts only
+        when all k agree on what the program did (`result_digest`); otherwise the refusal is `results_disagree`.
+        A single claimant can sign any result it likes; k agreeing ones cost a liar k keys among our invitees.
 
         Our own offer with an open audience gets invitees: each issue names up to `invitees` runners from the
         presence this node knows (`mesh.invitations`), and every other node refuses it at once. When none of them
@@ -536,14 +544,15 @@ class MeshNode:
         leave the claim desk.
         """
         deadline = trio.current_time() + timeout
-        job = ClaimJob()
+        job = ClaimJob(redundancy=max(1, replicas or self.config.claim_redundancy))
         issues: list[PostedOffer] = []
         invited: list[str] = []
         received = parse_offer(raw)
         offer = received.offer
         ours = offer.offerer == self.identity.public_key
         inviting = ours and offer.audience is not None and offer.audience.to is None and not offer.audience.invited
-        invitees = self._fresh_invitees(offer, invited) if inviting else []
+        replicas = job.redundancy
+        invitees = self._fresh_invitees(offer, invited, replicas=replicas) if inviting else []
         try:
             while True:
                 if invitees or (issues and ours):
@@ -557,15 +566,17 @@ class MeshNode:
                 if refusal is not None:
                     return OfferOutcome(refusal=refusal)
                 invitees, lapsed = await self._await_claim(job, offer, invited, deadline, inviting=inviting)
-                if job.results:
-                    return self._outcome(job, issues, result=job.results[0])
+                if job.complete:
+                    return self._agreed(job, issues)
                 if trio.current_time() >= deadline or not ours:
                     why = "claims lapsed without a result" if lapsed else "no result in time"
                     return self._outcome(job, issues, refusal=Rejection(Reason.TIMEOUT, why))
                 if lapsed:
                     log.info("re-offering after a lapsed claim", offer=received.offer.offer_id.hex())
                     if inviting:
-                        invitees = self._fresh_invitees(offer, invited) or self._fresh_invitees(offer, job.struck)
+                        invitees = self._fresh_invitees(offer, invited, replicas=replicas) or self._fresh_invitees(
+                            offer, job.struck, replicas=replicas
+                        )
         finally:
             with trio.CancelScope(shield=True):
                 await self._abort_undelivered(job)
@@ -578,22 +589,34 @@ class MeshNode:
         """Wait for this issue: until a result, the deadline, a lapsed claim (True), or, while inviting, the invite
         window passing with nobody claiming and someone new to invite (their PeerIDs)."""
         window = trio.current_time() + self.config.invite_window_s
-        while trio.current_time() < deadline and not job.results:
+        while trio.current_time() < deadline and not job.complete:
             if self.desk.lapsed(job):
                 return [], True
             if inviting and trio.current_time() >= window and not self.desk.claimed(job):
                 window = trio.current_time() + self.config.invite_window_s
-                more = self._fresh_invitees(offer, invited) if len(invited) < MAX_INVITED else []
+                more = (
+                    self._fresh_invitees(offer, invited, replicas=job.redundancy) if len(invited) < MAX_INVITED else []
+                )
                 if more:
                     return more, False
             with trio.move_on_after(0.05):
                 await job.done.wait()
         return [], False
 
-    def _fresh_invitees(self, offer: TaskOffer, exclude: Collection[str]) -> list[str]:
-        """Runners for this offer, best first (`choose_invitees`), none of `exclude`."""
+    def _fresh_invitees(self, offer: TaskOffer, exclude: Collection[str], *, replicas: int = 1) -> list[str]:
+        """Runners for this offer, best first (`choose_invitees`), none of `exclude`: `invitees` of them, and one
+        more than the replicas asked for."""
         found = self.runner_candidates(language=offer.language, min_isolation=offer.min_isolation)
-        return choose_invitees(found, strikes=self.desk.strikes.__getitem__, exclude=exclude, k=self.config.invitees)
+        k = max(self.config.invitees, replicas + 1)
+        return choose_invitees(found, strikes=self.desk.strikes.__getitem__, exclude=exclude, k=k)
+
+    def _agreed(self, job: ClaimJob, issues: list[PostedOffer]) -> OfferOutcome:
+        """The first result, when every replica's says the same; `results_disagree` otherwise."""
+        digests = {result_digest(r.result) for r in job.results}
+        if len(digests) == 1:
+            return self._outcome(job, issues, result=job.results[0])
+        why = f"{len(job.results)} runners ran it and reported {len(digests)} different results"
+        return self._outcome(job, issues, refusal=Rejection(Reason.RESULTS_DISAGREE, why))
 
     @staticmethod
     def _outcome(
@@ -605,6 +628,7 @@ class MeshNode:
             claims_refused=job.refused,
             claim_requests=job.requests,
             issues=len(issues),
+            replicas=tuple(job.results),
         )
 
     async def _abort_undelivered(self, job: ClaimJob) -> None:

@@ -223,3 +223,28 @@ def test_a_claimant_without_a_fresh_heartbeat_is_asked_directly() -> None:
         assert asked == [newcomer.peer_id, liar.peer_id, silent.peer_id]
 
     trio.run(main)
+
+
+def test_replicas_need_distinct_claimants_and_the_job_completes_only_with_all_their_results() -> None:
+    async def main() -> None:
+        clock = Clock()
+        peers = PeerDirectory(stale_after=10, monotonic=clock)
+        for who in (RUNNER_A, RUNNER_B):
+            peers.observe(who.peer_id, heartbeat(who))
+        desk = ClaimDesk(peers, monotonic=clock)
+        job = ClaimJob(redundancy=2)
+        first, second = (
+            parse_offer(TaskOffer.create(OFFERER, language="python", code=f"print({i})").sign(OFFERER)) for i in (1, 2)
+        )
+        desk.post(first, job)
+        desk.post(second, job)
+        assert await desk.grant_claim(first.offer.offer_id, RUNNER_A.peer_id) is None
+        twice = await desk.grant_claim(second.offer.offer_id, RUNNER_A.peer_id)
+        assert twice is not None and twice.reason == Reason.CLAIM_REFUSED  # one runner is one replica
+        assert await desk.grant_claim(second.offer.offer_id, RUNNER_B.peer_id) is None
+        assert await desk.accept_result(result_of(desk, first.offer.offer_id, RUNNER_A), RUNNER_A.peer_id) is None
+        assert not job.complete and not job.done.is_set()
+        assert await desk.accept_result(result_of(desk, second.offer.offer_id, RUNNER_B), RUNNER_B.peer_id) is None
+        assert job.complete and job.done.is_set()
+
+    trio.run(main)

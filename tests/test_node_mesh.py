@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -424,5 +425,44 @@ def test_runner_nodes_sharing_one_executor_and_gate_still_run_each_offer_once() 
             assert outcome.ok and outcome.result is not None and outcome.result.result.stdout == "shared\n"
             assert first.ran.count(offer_id(raw)) + second.ran.count(offer_id(raw)) == 1
             nursery.cancel_scope.cancel()  # the gate's loop: the nodes close with the stack
+
+    run(main)
+
+
+def test_replicas_run_on_distinct_runners_and_a_liar_among_them_is_caught() -> None:
+    """k-of-k replication (issue 11): two distinct runners run the offer and their results must agree; a runner
+    that reports another output than the program's makes the offer `results_disagree`, never a wrong success."""
+
+    async def main() -> None:
+        async with mesh(runners=3) as m:
+            offerer: MeshNode = m["offerer"]
+            raw = offerer.make_offer(language="python", code=SUM, input={"xs": [2, 3]})
+            outcome = await offerer.offer_gossip(raw, timeout=30, replicas=2)
+            assert outcome.result is not None and outcome.result.result.stdout == "5\n", outcome.refusal
+            executors = {r.executor for r in outcome.replicas}
+            assert len(outcome.replicas) == 2 and len(executors) == 2
+            assert sum(n.ran.count(offer_id(raw)) for n in m["nodes"]) == 2
+
+            liar: MeshNode = m["nodes"][0]
+            assert liar.executor is not None
+            honest_run = liar.executor.run_code
+
+            async def invent(request: Any, **options: Any) -> Any:
+                result = await honest_run(request, **options)
+                return dataclasses.replace(result, stdout="42\n")
+
+            liar.executor.run_code = invent  # type: ignore[method-assign]
+            # Two replicas among three runners: keep offering until the liar is one of them (it is, soon).
+            for i in range(6):
+                disputed = await offerer.offer_gossip(
+                    offerer.make_offer(language="python", code=SUM, input={"xs": [i, 1]}), timeout=30, replicas=2
+                )
+                if any(r.executor == liar.identity.public_key for r in disputed.replicas):
+                    assert disputed.result is None and disputed.refusal is not None
+                    assert disputed.refusal.reason == Reason.RESULTS_DISAGREE
+                    break
+                assert disputed.ok
+            else:
+                raise AssertionError("the liar was never a replica")
 
     run(main)

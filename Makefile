@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up what is missing first, and are quick when nothing is.
-.PHONY: demo test setup lint unit docs bench fuzz
+.PHONY: demo test setup lint unit quick docs bench fuzz
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,6 +20,10 @@ lint:
 unit:
 	$(BIN)/pytest
 
+# The developer's inner loop: no Docker, no namespaces, nothing slow (about a minute).
+quick:
+	$(BIN)/pytest -q -m "not slow and not docker and not netns and not interop"
+
 docs:
 	@if [ -f mkdocs.yml ]; then NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir /tmp/edgecoder-site; fi
 
@@ -27,6 +31,9 @@ bench: setup
 	$(BIN)/python benchmarks/bench_executor.py
 	$(BIN)/python benchmarks/bench_intake.py
 	$(BIN)/python benchmarks/bench_startup.py
+	$(BIN)/python benchmarks/bench_control.py
+	$(BIN)/python benchmarks/bench_e2e.py
+	$(BIN)/python benchmarks/bench_attacks.py
 
 # Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals.
 fuzz: setup

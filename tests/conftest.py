@@ -82,6 +82,30 @@ def netns_problem() -> str | None:
     return _netns_problem
 
 
+# Modules whose tests take seconds each (real meshes, simulations, namespaces, fuzzing, BLE over HCI): `slow`, so
+# that `make quick` (`pytest -m "not slow and not docker and not netns and not interop"`) stays an inner loop.
+SLOW_MODULES = frozenset(
+    {
+        "test_simulations",
+        "test_netns_mesh",
+        "test_netns_swarm",
+        "test_netns_harness",
+        "test_ble_fuzz",
+        "test_fuzz_slice",
+        "test_ble_hci_process",
+        "test_hardening_yamux",
+        "test_hardening_shutdown",
+        "test_interop_js",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:  # type: ignore[attr-defined]
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("netns") is not None:
         _skip_or_fail(netns_problem(), "EDGECODER_REQUIRE_NETNS")

@@ -200,7 +200,9 @@ async def push_past_window(stream: INetStream, total: int, *, frame: int = 65536
     block = data_frame(stream_id, frame)
     sent = 0
     try:
-        while sent < total:
+        # A write after our own side closed (on the node's GO_AWAY) returns silently in py-libp2p's TCP stream
+        # (ClosedResourceError is swallowed): the session's state, not a write error, says when to stop.
+        while sent < total and not conn.is_closed:
             await conn._write_frame(block)
             sent += frame
     except Exception:

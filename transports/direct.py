@@ -16,6 +16,10 @@ waits, `{"type": "abort"}`; that frame, the stream's end or reset, or the result
 
 Every server handler is bounded in time (a stalled peer costs at most `stall_timeout`, an admitted offer at most
 `result_timeout`), answers with a typed refusal where the stream still allows it, and never raises into libp2p.
+
+A refusal for invalid input (`INVALID_INPUT`: a frame over its cap, a malformed request, a bad signature) is also a
+strike against the peer on the host's `PenaltyBox`; past its threshold the peer is banned and cut off (counted as
+`invalid_frames`), and while the ban lasts its streams are reset unread (`peer_banned`) and its connections refused.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from mesh.offers import MAX_RESULT_BYTES, OFFER_ID_SIZE
 from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, OfferSink
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
+from transports.hardening.refusals import Refusal
 from transports.p2p import DialError, P2PHost
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,8 @@ _ANSWER_FRAME_REASONS = {
 ABORT_SEND_TIMEOUT = 1.0
 # Asked whether a peer's offer with this id is pending here; True when one was cancelled.
 AbortFn = Callable[[str, bytes], bool]
+# Refusals that say the peer sent something invalid, whatever our policy and clock: each is a strike against it.
+INVALID_INPUT = frozenset({Reason.TOO_LARGE, Reason.MALFORMED, Reason.BAD_SIGNATURE})
 
 
 class OfferDesk(Protocol):
@@ -243,6 +250,11 @@ class DirectTransport:
         """Whatever happens in `serve`, libp2p sees a handler that returns, and the stream is closed."""
 
         async def handler(stream: INetStream) -> None:
+            if self.host.banned(_remote_peer(stream)):
+                self.host.refusals(Refusal.PEER_BANNED)
+                with trio.move_on_after(WRITE_TIMEOUT):
+                    await stream.reset()
+                return
             self.active_handlers += 1
             try:
                 await serve(stream)
@@ -259,6 +271,10 @@ class DirectTransport:
     async def _refuse(self, stream: INetStream, rejection: Rejection) -> None:
         self.refused[str(rejection.reason)] += 1
         await _send(stream, refusal_message(rejection))
+        if rejection.reason in INVALID_INPUT:
+            peer = _remote_peer(stream)
+            if self.host.penalties.strike(peer):
+                await self.host.cut_off(peer, Refusal.INVALID_FRAMES)
 
     async def _read_request(self, stream: INetStream, max_len: int) -> bytes | None:
         try:

@@ -65,12 +65,15 @@ def check_offer(raw: bytes) -> Rejection | None:
     return None
 
 
-def make_offer(identity: NodeIdentity, i: int, *, reply_to: tuple[str, ...] = (), **options: Any) -> bytes:
+def make_offer(
+    identity: NodeIdentity, i: int, *, reply_to: tuple[str, ...] = (), input: Any = None, **options: Any
+) -> bytes:
+    """A signed ~1 KB offer, distinct for each `i`."""
     return TaskOffer.create(
         identity,
         language="python",
         code=OFFER_CODE,
-        input={"xs": [i, 1, 2, 3]},
+        input={"xs": [i, 1, 2, 3]} if input is None else input,
         limits=Limits(timeout_ms=5000),
         reply_to=reply_to,
         **options,

@@ -1,12 +1,13 @@
 """Peers penalised for invalid messages, and banned for a while past a threshold: an I/O-free state machine.
 
 A peer earns a *strike* for each invalid thing it sends on a direct stream (a frame over its cap, a malformed
-request, a bad signature: `transports.direct`); strikes decay with a half-life, and once their sum reaches
-`strikes` the peer is banned for `ban_seconds`. GossipSub keeps its own score (`transports.pubsub.scoring`) and bans
-through `ban` when that score falls below the graylist threshold. One ban list serves both, and everything that
-consults it refuses the peer while the ban lasts: the swarm refuses its connections, in either direction (the
-gate in `GuardedSwarm.add_conn`, counted as `peer_banned`), pubsub drops its RPCs and resets its streams, the direct
-transport resets its streams.
+request, a bad signature: `transports.direct`); strikes decay with a half-life, and the `strikes`-th strike of a
+burst bans the peer for `ban_seconds` (the decayed sum has passed `strikes - 1`: with the defaults, ten invalid
+frames within about 9 s, while one every 10 s or more never adds up to a ban). GossipSub keeps its own score
+(`transports.pubsub.scoring`) and bans through `ban` when that score falls below the graylist threshold. One ban
+list serves both, and everything that consults it refuses the peer while the ban lasts: the swarm refuses its
+connections, in either direction (the gate in `GuardedSwarm.add_conn`, counted as `peer_banned`), pubsub drops its
+RPCs and resets its streams, the direct transport resets its streams.
 
 A ban is by PeerID, which costs an attacker nothing to replace: a fresh key starts with no strikes. What a fresh key
 does cost is a full handshake, and those are bounded per source address by admission (`transports.hardening.
@@ -62,7 +63,7 @@ class PenaltyBox:
         now = self._clock()
         held = self._strikes.pop(peer, None)
         total = weight + (0.0 if held is None else self._decayed(*held, now))
-        if total >= self.limits.strikes:
+        if total > self.limits.strikes - 1:
             return self.ban(peer)
         self._strikes[peer] = (total, now)  # now the most recently struck
         while len(self._strikes) > self.limits.max_tracked:

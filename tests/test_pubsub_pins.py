@@ -288,6 +288,21 @@ def test_the_swarm_registers_every_connection_through_add_conn() -> None:
     assert 'await self.add_conn(muxed_conn, direction="outbound")' in inspect.getsource(Swarm.upgrade_outbound_raw_conn)
 
 
+def test_trio_refuses_a_task_in_a_closed_nursery_with_the_message_the_gossip_reader_recognises() -> None:
+    """GossipTransport._read_pubsub_stream tells pubsub stopping from a bug by this message (buffered reads drain
+    more RPCs without a checkpoint, so a reader is likelier to outlive pubsub's nursery by a few messages)."""
+    from transports.gossip import NURSERY_CLOSED
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            pass
+        with pytest.raises(RuntimeError) as refused:
+            nursery.start_soon(trio.sleep, 0)
+        assert str(refused.value) == NURSERY_CLOSED
+
+    run_trio(main)
+
+
 # -- end to end: real hosts, every override on, off, and one side each ----------------------------------------
 
 TUNINGS = {"lean": LEAN, "stock": STOCK}

@@ -412,6 +412,79 @@ async def streams(target: Target) -> AsyncIterator[dict[str, str]]:
         yield notes
 
 
+# -- invalid gossip, and held fresh peers (transports/pubsub/scoring, transports/hardening/penalties) -------------
+
+
+@attacker
+async def invalid_gossip_flood(addr: str, stats: Counter[str]) -> None:
+    """One peer, meshed on the offers topic, writes 247 bad-signature offers a second; redials once a second."""
+    from tests.pubsub_support import flood_invalid_gossip
+
+    await flood_invalid_gossip(addr, stats, rate=247.0)
+
+
+@attacker
+async def invalid_gossip_fresh_keys(addr: str, stats: Counter[str]) -> None:
+    """The same, with a new key each time it is cut off: a ban by PeerID costs it a handshake."""
+    from tests.pubsub_support import flood_invalid_gossip
+
+    await flood_invalid_gossip(addr, stats, rate=247.0, fresh_keys=True)
+
+
+HELD_FRESH_PEERS = 231
+
+
+@attacker
+async def held_fresh_peers(addr: str, stats: Counter[str]) -> None:
+    """231 fresh keys from 15 addresses (16 each: the per-source cap), each connection held open and silent; a
+    refused one is dialled again half a second later."""
+    from tests.hardening_support import attacker_ip, fresh_peer
+
+    async def one(i: int) -> None:
+        while True:
+            conn = await fresh_peer(attacker_ip(i % 15), addr)
+            if conn is None:
+                stats["refused"] += 1
+                await trio.sleep(0.5)
+                continue
+            stats["connections"] += 1
+            await trio.sleep_forever()  # held (and never read: the node's own close is its business)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(HELD_FRESH_PEERS):
+            nursery.start_soon(one, i)
+
+
+@attack("invalid-gossip flood", "247 bad-signature offers/s from one meshed peer, redialling once a second")
+@asynccontextmanager
+async def invalid_gossip(target: Target) -> AsyncIterator[dict[str, str]]:
+    before = _bad_signatures(target)
+    async with attacker_process("invalid_gossip_flood", target) as notes:
+        yield notes
+    notes["validated by the runner"] = f"{_bad_signatures(target) - before} bad offers"
+
+
+@attack("invalid gossip, fresh keys", "247 bad-signature offers/s, a new key after each cut-off, redial each second")
+@asynccontextmanager
+async def invalid_gossip_fresh(target: Target) -> AsyncIterator[dict[str, str]]:
+    before = _bad_signatures(target)
+    async with attacker_process("invalid_gossip_fresh_keys", target) as notes:
+        yield notes
+    notes["validated by the runner"] = f"{_bad_signatures(target) - before} bad offers"
+
+
+@attack("fresh peers, 231 held", "231 fresh keys from 15 addresses, connections held open", fresh_connection=True)
+@asynccontextmanager
+async def held_fresh(target: Target) -> AsyncIterator[dict[str, str]]:
+    async with attacker_process("held_fresh_peers", target, warmup=3.0) as notes:
+        yield notes
+
+
+def _bad_signatures(target: Target) -> int:
+    """Bad-signature offers the runner's gossip validator has refused so far."""
+    return target.runner.gossip.stats["offer_rejected:bad_signature"]
+
+
 # -- running it ---------------------------------------------------------------------------------------------------
 
 

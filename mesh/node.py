@@ -604,10 +604,10 @@ class MeshNode:
         return [], False
 
     def _fresh_invitees(self, offer: TaskOffer, exclude: Collection[str], *, replicas: int = 1) -> list[str]:
-        """Runners for this offer, best first (`choose_invitees`), none of `exclude`: `invitees` of them, and one
-        more than the replicas asked for."""
+        """Runners for this offer, best first (`choose_invitees`), none of `exclude`: `invitees` of them, and, for
+        k > 1 replicas, at least one more than k (a spare, so that one slow invitee does not cost an invite window)."""
         found = self.runner_candidates(language=offer.language, min_isolation=offer.min_isolation)
-        k = max(self.config.invitees, replicas + 1)
+        k = self.config.invitees if replicas <= 1 else max(self.config.invitees, replicas + 1)
         return choose_invitees(found, strikes=self.desk.strikes.__getitem__, exclude=exclude, k=k)
 
     def _agreed(self, job: ClaimJob, issues: list[PostedOffer]) -> OfferOutcome:

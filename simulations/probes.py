@@ -9,8 +9,12 @@ in the same process are untouched):
   as reached: delivery is gossip's job, admission the intake's.
 - `ExecProbe` wraps a runner's `executor.run_code` to record, for every run the node hands its executor, whether
   the gate was open when it started and whether any code actually executed (an exit code) or Docker failed it.
-- `SendCounter` wraps `pubsub.write_msg`, the one call through which libp2p's pubsub writes every RPC to a peer
-  stream (queued publishes, control messages, IWANT answers), and classifies what each RPC carries.
+- `SendCounter` counts every RPC pubsub sends, and classifies what each carries. Queued RPCs (publishes, control
+  messages, IWANT answers, subscriptions) are counted as the per-peer sender takes them from its queue (it wraps the
+  queue's `pop` when pubsub starts a sender), whatever the sender does with them next: py-libp2p's writes each
+  with `write_msg`, ours (`transports.pubsub.service.LeanPubsub`) coalesces them into one write and never calls
+  it. The few RPCs the router writes straight to a stream (`write_msg` outside a sender: messages held for a peer
+  still being identified, recent messages replayed to a new subscriber) are counted there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from mesh.node import MeshNode
 from mesh.offers import parse_offer
@@ -143,19 +149,44 @@ class SendCounter:
     counts: Counter[str] = field(default_factory=Counter)
 
     def watch(self, node: MeshNode) -> None:
-        pubsub = node.gossip.pubsub
-        original = pubsub.write_msg
+        self.watch_pubsub(node.gossip.pubsub)
+
+    def watch_pubsub(self, pubsub: Any) -> None:
+        senders: set[Any] = set()  # the sender tasks: their write_msg calls are counted at the queue
+        start_sender = pubsub.handle_sending_messages
+        write = pubsub.write_msg
+
+        async def handle_sending_messages(peer_id: Any, stream: Any, queue: Any) -> None:
+            pop = queue.pop
+
+            async def counted_pop() -> Any:
+                rpc = await pop()  # no checkpoint added: the sender drains a full queue as before
+                if rpc is not None:
+                    self._count(rpc)
+                return rpc
+
+            queue.pop = counted_pop
+            task = trio.lowlevel.current_task()
+            senders.add(task)
+            try:
+                await start_sender(peer_id, stream, queue)
+            finally:
+                senders.discard(task)
 
         async def write_msg(stream: Any, rpc_msg: Any) -> bool:
-            self._count(rpc_msg)
-            return bool(await original(stream, rpc_msg))
+            if trio.lowlevel.current_task() not in senders:
+                self._count(rpc_msg)
+            return bool(await write(stream, rpc_msg))
 
-        pubsub.write_msg = write_msg  # type: ignore[method-assign]
+        pubsub.handle_sending_messages = handle_sending_messages
+        pubsub.write_msg = write_msg
 
     def _count(self, rpc: Any) -> None:
         c = self.counts
         c["rpcs"] += 1
         c["bytes"] += rpc.ByteSize()
+        if rpc.senderRecord:
+            c["records"] += 1
         for msg in rpc.publish:
             if OFFERS_TOPIC in msg.topicIDs:
                 c["offer_copies"] += 1
@@ -175,6 +206,7 @@ class SendCounter:
             c["idontwant_offer_ids"] += sum(
                 1 for x in control.idontwant for mid in x.messageIDs if len(mid) == OFFER_MSG_ID_SIZE
             )
+            c["idontwant_ids"] += sum(len(x.messageIDs) for x in control.idontwant)
 
     def snapshot(self) -> Counter[str]:
         return Counter(self.counts)

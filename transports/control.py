@@ -236,9 +236,12 @@ async def serve_control(
     max_request: Callable[[str], int],
     max_frame: int,
     frame_timeout: float,
+    on_invalid: Callable[[Rejection], Awaitable[None]] | None = None,
 ) -> None:
     """Answer a peer's requests on its control stream until it closes it. Each request is decided in a task of its
-    own (at most `MAX_IN_FLIGHT` at once); `max_request(type)` bounds each type as its own protocol does."""
+    own (at most `MAX_IN_FLIGHT` at once); `max_request(type)` bounds each type as its own protocol does.
+    `on_invalid` hears of every frame refused as invalid (not msgpack, malformed, over its type's cap), after the
+    refusal is sent: the host's penalties count them as they count those of the per-exchange protocols."""
     sender = _remote_peer(stream)
     write_lock = trio.Lock()
     slots = trio.Semaphore(MAX_IN_FLIGHT)
@@ -268,25 +271,32 @@ async def serve_control(
                 request = unpack_strict(frame, max_size=max_frame)
             except Rejected as rejected:
                 slots.release()
-                await _refuse(answer, None, rejected.rejection)
+                await _refuse(answer, None, rejected.rejection, on_invalid)
                 break  # a frame that is not msgpack leaves nothing to answer by id
             re = request.get("id") if isinstance(request, dict) else None
             kind = request.get("type") if isinstance(request, dict) else None
             if type(re) is not int or not isinstance(kind, str) or not isinstance(request, dict):
                 slots.release()
-                await _refuse(answer, None, Rejection(Reason.MALFORMED, "expected {id: int, type: str, ...}"))
+                malformed = Rejection(Reason.MALFORMED, "expected {id: int, type: str, ...}")
+                await _refuse(answer, None, malformed, on_invalid)
                 break
             if len(frame) > max_request(kind):
                 slots.release()
-                await _refuse(answer, re, Rejection(Reason.TOO_LARGE, f"a {kind[:16]} request of {len(frame)} bytes"))
+                too_large = Rejection(Reason.TOO_LARGE, f"a {kind[:16]} request of {len(frame)} bytes")
+                await _refuse(answer, re, too_large, on_invalid)
                 continue
             nursery.start_soon(decide, re, kind, request)
 
 
 async def _refuse(
-    answer: Callable[[int | None, dict[str, Any]], Awaitable[None]], re: int | None, why: Rejection
+    answer: Callable[[int | None, dict[str, Any]], Awaitable[None]],
+    re: int | None,
+    why: Rejection,
+    on_invalid: Callable[[Rejection], Awaitable[None]] | None,
 ) -> None:
     try:
         await answer(re, {"type": "refusal", "reason": str(why.reason), "detail": why.detail[:512]})
     except (Exception, trio.TooSlowError):
         pass
+    if on_invalid is not None:
+        await on_invalid(why)

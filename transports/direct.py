@@ -16,6 +16,10 @@ waits, `{"type": "abort"}`; that frame, the stream's end or reset, or the result
 
 Every server handler is bounded in time (a stalled peer costs at most `stall_timeout`, an admitted offer at most
 `result_timeout`), answers with a typed refusal where the stream still allows it, and never raises into libp2p.
+
+A refusal for invalid input (`INVALID_INPUT`: a frame over its cap, a malformed request, a bad signature) is also a
+strike against the peer on the host's `PenaltyBox`; past its threshold the peer is banned and cut off (counted as
+`invalid_frames`), and while the ban lasts its streams are reset unread (`peer_banned`) and its connections refused.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, OfferSink
 from transports.control import CONTROL_PROTOCOL, ControlChannels, serve_control
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
+from transports.hardening.refusals import Refusal
 from transports.p2p import DialError, P2PHost
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,8 @@ ABORT_SEND_TIMEOUT = 1.0
 AbortFn = Callable[[str, bytes], bool]
 # Told of a status a neighbour pushed: (its PeerID, the status).
 PresenceFn = Callable[[str, dict[str, Any]], object]
+# Refusals that say the peer sent something invalid, whatever our policy and clock: each is a strike against it.
+INVALID_INPUT = frozenset({Reason.TOO_LARGE, Reason.MALFORMED, Reason.BAD_SIGNATURE})
 
 
 class OfferDesk(Protocol):
@@ -268,6 +275,11 @@ class DirectTransport:
         """Whatever happens in `serve`, libp2p sees a handler that returns, and the stream is closed."""
 
         async def handler(stream: INetStream) -> None:
+            if self.host.banned(_remote_peer(stream)):
+                self.host.refusals(Refusal.PEER_BANNED)
+                with trio.move_on_after(WRITE_TIMEOUT):
+                    await stream.reset()
+                return
             self.active_handlers += 1
             try:
                 await serve(stream)
@@ -284,6 +296,11 @@ class DirectTransport:
     async def _refuse(self, stream: INetStream, rejection: Rejection) -> None:
         self.refused[str(rejection.reason)] += 1
         await _send(stream, refusal_message(rejection))
+        await self._strike_if_invalid(_remote_peer(stream), rejection)
+
+    async def _strike_if_invalid(self, peer: str, rejection: Rejection) -> None:
+        if rejection.reason in INVALID_INPUT and self.host.penalties.strike(peer):
+            await self.host.cut_off(peer, Refusal.INVALID_FRAMES)
 
     async def _read_request(self, stream: INetStream, max_len: int) -> bytes | None:
         try:
@@ -379,7 +396,12 @@ class DirectTransport:
             max_request=lambda kind: MAX_RESULT_FRAME if kind == "result" else MAX_CONTROL_FRAME,
             max_frame=MAX_RESULT_FRAME,
             frame_timeout=self.stall_timeout,
+            on_invalid=lambda why: self._control_refused(stream, why),
         )
+
+    async def _control_refused(self, stream: INetStream, rejection: Rejection) -> None:
+        self.refused[str(rejection.reason)] += 1
+        await self._strike_if_invalid(_remote_peer(stream), rejection)
 
     async def _send_answer(self, stream: INetStream, answer: dict[str, Any]) -> None:
         if answer.get("type") == "refusal":

@@ -32,7 +32,14 @@ libp2p defaults overridden here, and why:
   not hand the same offer to the intake twice while it is still valid (the intake's replay check stays the backstop).
 - `max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC` (default 10): the limit applies per *forwarding* peer
   per topic, and a neighbour relays the offers of every offerer behind it: at 10/s the mesh would silently drop
-  offers past ten a second. 50/s leaves room for bursts (each node also paces its own publishes).
+  offers past ten a second. 50/s leaves room for bursts (each node also paces its own publishes). With scoring on
+  (`PubsubTuning.scoring`, ours) the limit is off altogether: it never sees invalid messages, and it penalises
+  honest relays.
+- peer scoring with real thresholds (`transports.pubsub.scoring`, default: neutral). A validator refusal counts
+  against the forwarder only when no honest node would have forwarded the message (`REJECTED`: bad signature,
+  malformed); a peer whose score falls below the graylist threshold is banned and disconnected (`ScoreEnforcer`).
+- the receive and forward path of `transports.pubsub` (`LeanGossipSub`, `LeanPubsub`, buffered reads on pubsub
+  streams), switched by the host's `PubsubTuning`.
 - `unsubscribe_back_off=1` (default 10 s): a peer that leaves and rejoins a topic
   should be back in the mesh within a couple of heartbeats, not ten seconds later.
 - `strict_signing=True` (already the default; stated so it cannot silently change).
@@ -53,7 +60,7 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.pubsub.mcache import CacheEntry, MessageCache
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
@@ -65,6 +72,16 @@ from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Delivery, OfferSink
 from transports.direct import DirectTransport, ReplyError
 from transports.p2p import P2PHost
+from transports.pubsub import (
+    LEAN,
+    REJECTED,
+    BufferedReader,
+    GossipScorer,
+    LeanGossipSub,
+    PubsubTuning,
+    ScoreEnforcer,
+    batch_credit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +130,14 @@ class MessageIdCache(MessageCache):
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
 
 
-class GossipRouter(GossipSub):
+class GossipRouter(LeanGossipSub):
     """py-libp2p's GossipSub as we run it: meshsub 1.2/1.1/1.0, no adaptive gossip, and a message cache that uses
-    the pubsub's own message id (bound when the pubsub attaches itself, before any message can arrive)."""
+    the pubsub's own message id (bound when the pubsub attaches itself, before any message can arrive); the lean
+    path and scoring as `tuning` says (`transports.pubsub.router`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tuning: PubsubTuning = LEAN) -> None:
         super().__init__(
+            tuning,
             protocols=list(MESHSUB_PROTOCOLS),
             degree=6,
             degree_low=4,
@@ -126,12 +145,19 @@ class GossipRouter(GossipSub):
             heartbeat_interval=1,
             unsubscribe_back_off=1,
             max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC,
-            adaptive_gossip_enabled=False,
         )
 
     def attach(self, pubsub: Pubsub) -> None:
         super().attach(pubsub)
         self.mcache = MessageIdCache(self.mcache.window_size, self.mcache.history_size, pubsub.get_message_id)
+
+
+def _nursery_closed(exc: RuntimeError) -> bool:
+    """Trio's refusal to start a task in a nursery whose body has exited (pinned in tests/test_pubsub_pins.py)."""
+    return str(exc) == NURSERY_CLOSED
+
+
+NURSERY_CLOSED = "Nursery is closed to new arrivals"
 
 
 def _sender(msg: rpc_pb2.Message) -> str:
@@ -158,7 +184,9 @@ class GossipTransport:
         self.validate = validate
         # Counters: offers rejected by reason, queue drops, deliveries.
         self.stats: Counter[str] = Counter()
-        self.router = GossipRouter()
+        self.router = GossipRouter(host.tuning)
+        scorer = self.router.scorer
+        self.enforcer = ScoreEnforcer(host, scorer) if isinstance(scorer, GossipScorer) else None
         self.pubsub = host.new_pubsub(
             self.router,
             strict_signing=True,
@@ -217,6 +245,8 @@ class GossipTransport:
                         queue_in, queue_out = trio.open_memory_channel[rpc_pb2.Message](DELIVERY_QUEUE)
                         nursery.start_soon(self._read_offers, offers, queue_in)
                         nursery.start_soon(self._deliver_offers, queue_out)
+                    if self.enforcer is not None:
+                        await nursery.start(self.enforcer.run)
                     task_status.started()
                     await trio.sleep_forever()
             finally:
@@ -228,19 +258,29 @@ class GossipTransport:
         if self._closing:
             await stream.reset()
             return
+        if self.host.banned(stream.muxed_conn.peer_id.to_base58()):
+            await stream.reset()  # a peer cut off for invalid messages, still connected for a moment
+            return
+        tuning = self.host.tuning
+        if tuning.batched_credit:
+            batch_credit(stream)  # before the first read
         # A cancel scope we own: trio cancellation wakes a read blocked in yamux, which a stream reset does not.
         with trio.CancelScope() as scope:
             self._inbound_streams[stream] = scope
             try:
                 await self._pubsub_ready.wait()
-                await self.pubsub.stream_handler(stream)
-            except RuntimeError:
+                reader: Any = BufferedReader(stream) if tuning.buffered_reads else stream
+                await self.pubsub.stream_handler(reader)
+            except RuntimeError as exc:
                 # Rarely a reader still drains buffered messages (no checkpoint, so our cancel has not landed yet)
                 # as pubsub stops, and pubsub's closed nursery refuses the task it schedules per message. At
                 # shutdown that message is moot; raised further it would tear down the whole swarm. The cancel that
-                # stops pubsub can reach its nursery before our own `finally` has set `_closing`, so pubsub's own
-                # state says it too; a RuntimeError while pubsub runs is a bug and goes up.
-                if not (self._closing or not self.pubsub.manager.is_running):
+                # stops pubsub can reach its nursery before our own `finally` has set `_closing`, and before
+                # pubsub's manager says it is no longer running (it is "running" until its last task is done): a
+                # nursery closed to new arrivals is pubsub stopping. Any other RuntimeError is a bug and goes up.
+                # (Buffered reads make the drain longer: a buffer of RPCs is served without a checkpoint.)
+                stopping = self._closing or not self.pubsub.manager.is_running or _nursery_closed(exc)
+                if not stopping:
                     raise
                 log.debug("pubsub stream ended during shutdown", exc_info=True)
             finally:
@@ -276,12 +316,17 @@ class GossipTransport:
     def _offer_is_valid(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
         try:
             rejection = self.validate(bytes(msg.data))
-        except Exception:  # a validator bug must not become "valid", nor crash libp2p's task
+        except Exception:  # a validator bug must not become "valid", nor crash libp2p's task, nor blame the peer
             log.exception("offer validator raised; treating the offer as invalid")
-            rejection = Rejection(Reason.MALFORMED, "validator error")
+            self.router.refused(msg, penalise=False)
+            self.stats[f"offer_rejected:{Reason.MALFORMED}"] += 1
+            return False
         if rejection is None:
             return True
         self.stats[f"offer_rejected:{rejection.reason}"] += 1
+        # Only what no honest relay would have forwarded counts against the forwarder (GossipSub's REJECT); a
+        # refusal of our clock or policy is an IGNORE.
+        self.router.refused(msg, penalise=rejection.reason in REJECTED)
         return False
 
     async def _read_offers(self, subscription: Any, queue: trio.MemorySendChannel[rpc_pb2.Message]) -> None:

@@ -12,6 +12,10 @@ overridden here, each with its reason:
 - the connection-level defences of `transports.hardening` (issue 11), configured by `Defences`: the inbound-slot
   fix, per-source admission and a 3 s handshake timeout, rcmgr's working limits, bounded yamux, and a close that
   takes one grace period instead of 0.2 s per connection. Each refusal goes to `on_refusal` (the node's metrics).
+- the pubsub path of `transports.pubsub`, switched by one `PubsubTuning` (`tuning`, by default `LEAN`): here, Noise
+  reading the socket through one buffer; the host's transports read the rest from `P2PHost.tuning`.
+- one `PenaltyBox` per host (`P2PHost.penalties`): peers banned for invalid messages, by gossip scoring or by the
+  direct streams, are refused at the swarm, and cut off by `P2PHost.cut_off`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,18 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from mesh.identity import NodeIdentity
 from transports.addresses import WILDCARDS, AddressBook, install_circuit_aware_addrs, ip_of, is_circuit, with_peer
-from transports.hardening import Defences, Refusals, RefusalSink, close_fast, install_defences
+from transports.hardening import (
+    Defences,
+    PenaltyBox,
+    Refusal,
+    Refusals,
+    RefusalSink,
+    close_fast,
+    install_defences,
+)
+from transports.pubsub.reads import BufferedNoiseTransport
+from transports.pubsub.service import CachedAddrsHost, LeanPubsub
+from transports.pubsub.tuning import LEAN, PubsubTuning
 
 log = structlog.get_logger("edgecoder.p2p")
 
@@ -52,6 +67,8 @@ StreamHandler = Callable[[INetStream], Awaitable[None]]
 DEFAULT_DIAL_TIMEOUT = 5.0
 # Opening a stream is a multistream-select round trip on an existing connection.
 DEFAULT_STREAM_TIMEOUT = 5.0
+# Cutting a banned peer off: its GO_AWAY and the close of its connection, no longer.
+CUT_OFF_TIMEOUT = 2.0
 
 
 class DialError(Exception):
@@ -140,10 +157,12 @@ def probe_port_free(maddr: multiaddr.Multiaddr) -> None:
             raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def noise_only(identity: NodeIdentity) -> dict[TProtocol, Any]:
-    """The one security option we offer and accept. The Noise static key is ephemeral per process, as upstream."""
+def noise_only(identity: NodeIdentity, *, buffered: bool = False) -> dict[TProtocol, Any]:
+    """The one security option we offer and accept. The Noise static key is ephemeral per process, as upstream.
+    `buffered`: `transports.pubsub.reads.BufferedNoiseTransport`, the same protocol with one socket read per buffer."""
     keypair = identity.libp2p_keypair()
-    return {NOISE_PROTOCOL_ID: NoiseTransport(keypair, noise_privkey=new_x25519_key_pair().private_key)}
+    transport = BufferedNoiseTransport if buffered else NoiseTransport
+    return {NOISE_PROTOCOL_ID: transport(keypair, noise_privkey=new_x25519_key_pair().private_key)}
 
 
 def yamux_only() -> dict[TProtocol, Any]:
@@ -182,9 +201,17 @@ class P2PHost:
         addresses: AddressBook | None = None,
         dial_timeout: float = DEFAULT_DIAL_TIMEOUT,
         stream_timeout: float = DEFAULT_STREAM_TIMEOUT,
+        tuning: PubsubTuning = LEAN,
+        penalties: PenaltyBox | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.host = host
         self.addresses = addresses or AddressBook()
+        self.tuning = tuning
+        # The swarm's own when it is guarded (open_host), so that a ban here refuses the peer's connections there.
+        swarm = host.get_network()
+        self.penalties: PenaltyBox = penalties if penalties is not None else getattr(swarm, "penalties", PenaltyBox())
+        self.refusals: Refusals = refusals if refusals is not None else getattr(swarm, "refusals", Refusals())
         # Set by the relay client (transports.relay): how to dial a `/p2p/RELAY/p2p-circuit/p2p/PEER` address, which
         # the swarm itself cannot (it drops relay addresses).
         self.circuit_dialer: Callable[[multiaddr.Multiaddr], Awaitable[Any]] | None = None
@@ -257,8 +284,30 @@ class P2PHost:
         self.host.remove_stream_handler(TProtocol(protocol))
 
     def new_pubsub(self, router: Any, **options: Any) -> Pubsub:
-        """Pubsub over this host: services are built on the facade, never on the libp2p host beneath it."""
-        return Pubsub(self.host, router, **options)
+        """Pubsub over this host: services are built on the facade, never on the libp2p host beneath it.
+
+        `LeanPubsub` as `tuning` says (coalesced writes, the scorer's view of the message being validated) and
+        always aware of this host's bans; py-libp2p's own `Pubsub` for a tuning that needs neither (`STOCK`)."""
+        tuning = self.tuning
+        host: Any = CachedAddrsHost(self.host) if tuning.cached_addrs else self.host
+        if not (tuning.coalesce_writes or tuning.scoring):
+            return Pubsub(host, router, **options)
+        return LeanPubsub(host, router, coalesce_writes=tuning.coalesce_writes, banned=self._banned_id, **options)
+
+    def _banned_id(self, peer: ID) -> bool:
+        # Asked for every pubsub message received: free while nobody is banned.
+        return bool(self.penalties.active_bans) and self.penalties.banned(peer.to_base58())
+
+    def banned(self, peer_id: str) -> bool:
+        """Whether `peer_id` is banned for invalid messages (its connections and streams are refused)."""
+        return self.penalties.banned(peer_id)
+
+    async def cut_off(self, peer_id: str, reason: Refusal) -> None:
+        """Count `reason` and disconnect `peer_id`, whatever task asks (a handler on that very connection included):
+        the close is shielded and bounded. Its ban (on `penalties`) is the caller's, made first."""
+        self.refusals(reason)
+        with trio.CancelScope(shield=True), trio.move_on_after(CUT_OFF_TIMEOUT):
+            await self.disconnect(peer_id)
 
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self.host.get_connected_peers()]
@@ -426,21 +475,24 @@ async def open_host(
     announce: Sequence[str] = (),
     defences: Defences | None = None,
     on_refusal: RefusalSink | None = None,
+    tuning: PubsubTuning | None = None,
 ) -> AsyncIterator[P2PHost]:
     """Build, listen and run a host for the duration of the block; on exit the network and all its tasks close.
 
     `announce` replaces the addresses the node tells peers (see `transports.addresses`). `defences` (by default
     `Defences()`) bounds what peers can make the host hold; each refusal is reported to `on_refusal`, by reason.
+    `tuning` (by default `LEAN`) switches the overrides of `transports.pubsub`.
     Raises `ListenError` for an address it cannot listen on, or `AddressError` for a bad announce address, before
     anything is started."""
     defences = defences or Defences()
+    tuning = tuning or LEAN
     listen_addrs = [parse_listen_addr(a) for a in listen]
     for maddr in listen_addrs:
         probe_port_free(maddr)
     book = AddressBook([parse_announce_addr(a) for a in announce])
     host = new_host(
         key_pair=identity.libp2p_keypair(),
-        sec_opt=noise_only(identity),
+        sec_opt=noise_only(identity, buffered=tuning.buffered_noise),
         muxer_opt=yamux_only(),
         connection_config=defences.connection_config(max_connections_per_peer=1),
         resource_manager=defences.resource_manager(),
@@ -449,7 +501,9 @@ async def open_host(
         listen_addrs=listen_addrs,
         addrs_factory=book,
     )
-    install_defences(host, defences, Refusals(on_refusal))
+    refusals = Refusals(on_refusal)
+    penalties = PenaltyBox(defences.penalties)
+    install_defences(host, defences, refusals, penalties)
     install_circuit_aware_addrs(host)
     # Our bootstrap keeper owns the backoff between attempts; libp2p's own three retries would only stack on it.
     host.get_network().retry_config = RetryConfig(max_retries=0)  # type: ignore[attr-defined]
@@ -457,7 +511,7 @@ async def open_host(
     async with _listening(host, listen_addrs):
         await _stop_auto_connector(host)
         try:
-            yield P2PHost(host, addresses=book)
+            yield P2PHost(host, addresses=book, tuning=tuning, penalties=penalties, refusals=refusals)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await close_fast(host, grace=defences.close_grace)

@@ -12,6 +12,7 @@
 | many streams, or slow readers | inbound streams per connection capped; window at most 1 MiB | `yamux` |
 | N connections take N x 0.2 s to close | concurrent close, bounded by a grace period | `shutdown` |
 | refused sockets reopened at once | refused sockets held open, unread, for 3 s | `admission` |
+| a peer sending invalid messages | strikes, then a ban: its connections and streams refused for 10 min | `penalties` |
 
 Every refusal is reported once, by reason, to `Refusals` (and from there to the node's metrics).
 """
@@ -28,7 +29,8 @@ from libp2p.network.config import ConnectionConfig
 from libp2p.rcmgr import ResourceManager
 
 from transports.hardening.admission import AdmissionLimits, SourceAdmission, source_key
-from transports.hardening.inbound import ConnectionScopedSwarm, GuardedSwarm, install_guarded_swarm
+from transports.hardening.inbound import ConnectionScopedSwarm, GuardedSwarm, PeerBanned, install_guarded_swarm
+from transports.hardening.penalties import PenaltyBox, PenaltyLimits
 from transports.hardening.rcmgr import ConnectionBudget, resource_manager
 from transports.hardening.refusals import Refusal, Refusals, RefusalSink
 from transports.hardening.shutdown import close_fast
@@ -45,6 +47,9 @@ __all__ = [
     "ConnectionScopedSwarm",
     "Defences",
     "GuardedSwarm",
+    "PeerBanned",
+    "PenaltyBox",
+    "PenaltyLimits",
     "Refusal",
     "RefusalSink",
     "Refusals",
@@ -66,6 +71,7 @@ class Defences:
     connections: ConnectionBudget = field(default_factory=ConnectionBudget)
     streams: StreamLimits = field(default_factory=StreamLimits)
     close_grace: float = 0.5  # how long closing the host waits for its connections' GO_AWAYs
+    penalties: PenaltyLimits = field(default_factory=PenaltyLimits)
 
     def connection_config(self, *, max_connections_per_peer: int) -> ConnectionConfig:
         """The swarm's own limits, sized so that ours decide.
@@ -99,11 +105,12 @@ class Defences:
         return self.connections.max_total + 2 * admission.max_pending + admission.max_held + FD_RESERVE
 
 
-def install_defences(host: IHost, defences: Defences, refusals: Refusals) -> None:
+def install_defences(host: IHost, defences: Defences, refusals: Refusals, penalties: PenaltyBox | None = None) -> None:
     """Apply the defences that hook into `host` (built by `new_host` with `connection_config()` and
-    `resource_manager()`, not yet running): admission and the slot fix in the swarm, bounds in yamux."""
+    `resource_manager()`, not yet running): admission, the slot fix and the ban gate in the swarm, bounds in yamux."""
     ensure_file_descriptors(defences.file_descriptors)
-    install_guarded_swarm(host, SourceAdmission(defences.admission), refusals)
+    penalties = penalties if penalties is not None else PenaltyBox(defences.penalties)
+    install_guarded_swarm(host, SourceAdmission(defences.admission), refusals, penalties)
     install_bounded_yamux(host, defences.streams, refusals)
 
 

@@ -18,6 +18,10 @@ rcmgr, to `Refusals`. Because its handler lives exactly as long as its connectio
 exactly when the connection ends -- which a `ConnectionGate` could not do: it is asked `is_allowed`, never told
 about the close.
 
+**Banned peers** (`transports.hardening.penalties`): once the handshake has named the peer, `GuardedSwarm.add_conn`
+refuses a connection of a peer its `penalties` has banned, inbound or outbound, before it is registered (no
+notifee, so no pubsub or identify stream ever opens on it), and counts `peer_banned`.
+
 **The end of the stream during the handshake** raises at once (`HandshakeStream`), instead of upstream's 100 empty
 reads, so that a socket closed mid-handshake costs what any refusal costs.
 
@@ -38,11 +42,13 @@ from libp2p.io.abc import ReadWriteCloser
 from libp2p.io.exceptions import ConnectionClosedError
 from libp2p.metrics.swarm import SwarmEvent
 from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.network.exceptions import SwarmException
 from libp2p.network.swarm import Swarm
 from libp2p.rcmgr.exceptions import ResourceLimitExceeded
 from multiaddr import Multiaddr
 
 from transports.hardening.admission import SourceAdmission, Ticket
+from transports.hardening.penalties import PenaltyBox
 from transports.hardening.refusals import Refusal, Refusals
 
 log = logging.getLogger(__name__)
@@ -63,7 +69,11 @@ async def wait_closed(muxed: IMuxedConn) -> None:
         await trio.sleep(_CLOSED_POLL_INTERVAL)
 
 
-def classify_upgrade_failure(exc: BaseException) -> Refusal:
+class PeerBanned(SwarmException):
+    """The connection's peer is banned for invalid messages (its refusal is counted where this is raised)."""
+
+
+def classify_upgrade_failure(exc: BaseException) -> Refusal | None:
     """Which refusal an exception out of `Swarm.upgrade_inbound_raw_conn` stands for.
 
     The swarm wraps every cause in a `SwarmException`; the cause itself is chained (`raise ... from`) or is the
@@ -75,6 +85,8 @@ def classify_upgrade_failure(exc: BaseException) -> Refusal:
     while current is not None and current not in chain and len(chain) < 16:
         chain.append(current)
         current = current.__cause__ or current.__context__
+    if any(isinstance(e, PeerBanned) for e in chain):
+        return None  # counted by the gate that refused it
     if any(isinstance(e, ResourceLimitExceeded) for e in chain):
         return Refusal.CONNECTION_LIMIT
     if any(isinstance(e, trio.TooSlowError) for e in chain) or "upgrade timeout" in str(exc):
@@ -198,6 +210,16 @@ class GuardedSwarm(ConnectionScopedSwarm):
 
     admission: SourceAdmission
     refusals: Refusals
+    penalties: PenaltyBox
+
+    async def add_conn(self, muxed_conn: IMuxedConn, direction: str = "unknown") -> Any:
+        peer = muxed_conn.peer_id.to_base58()
+        if self.penalties.banned(peer):
+            self.refusals(Refusal.PEER_BANNED)
+            _release_scope(muxed_conn)
+            await _close_quietly(muxed_conn)
+            raise PeerBanned(f"peer {peer} is banned for invalid messages")
+        return await super().add_conn(muxed_conn, direction)
 
     async def _do_handle_inbound_connection(
         self, read_write_closer: ReadWriteCloser, maddr: Multiaddr, failure_event: SwarmEvent
@@ -223,7 +245,9 @@ class GuardedSwarm(ConnectionScopedSwarm):
             elif upgraded is None:
                 self.refusals(Refusal.GATED)
             elif isinstance(upgraded, Exception):
-                self.refusals(classify_upgrade_failure(upgraded))
+                reason = classify_upgrade_failure(upgraded)
+                if reason is not None:
+                    self.refusals(reason)
             else:
                 await wait_closed(upgraded)
         finally:
@@ -249,7 +273,9 @@ class GuardedSwarm(ConnectionScopedSwarm):
             self.admission.unhold()
 
 
-def install_guarded_swarm(host: IHost, admission: SourceAdmission, refusals: Refusals) -> GuardedSwarm:
+def install_guarded_swarm(
+    host: IHost, admission: SourceAdmission, refusals: Refusals, penalties: PenaltyBox | None = None
+) -> GuardedSwarm:
     """Make `host`'s swarm (built by `new_host`, not yet running) a `GuardedSwarm`."""
     swarm = host.get_network()
     if type(swarm) is not Swarm:
@@ -258,4 +284,5 @@ def install_guarded_swarm(host: IHost, admission: SourceAdmission, refusals: Ref
     assert isinstance(swarm, GuardedSwarm)
     swarm.admission = admission
     swarm.refusals = refusals
+    swarm.penalties = penalties or PenaltyBox()
     return swarm

@@ -30,6 +30,10 @@ class Refusal(StrEnum):
     # yamux, on an established connection (transports.hardening.yamux)
     WINDOW_VIOLATION = "window_violation"  # data past the receive window: the session is closed
     STREAM_CAP = "stream_cap"  # more inbound streams open on one connection than allowed: the new one is reset
+    # Peers penalised for invalid messages (transports.hardening.penalties): each cut-off once, then each refusal
+    INVALID_GOSSIP = "invalid_gossip"  # its gossip score fell below the graylist threshold: banned and disconnected
+    INVALID_FRAMES = "invalid_frames"  # too many invalid direct-stream frames: banned and disconnected
+    PEER_BANNED = "peer_banned"  # a connection or stream of a banned peer, refused until its ban ends
 
 
 RefusalSink = Callable[[Refusal], None]

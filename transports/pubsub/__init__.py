@@ -1,0 +1,36 @@
+"""py-libp2p 0.8.1's pubsub path made cheaper and defended, by configuration and subclassing only (no fork).
+
+| module | what |
+|---|---|
+| `tuning` | `PubsubTuning`: every switch below in one value; `LEAN` (ours) and `STOCK` (py-libp2p's path) |
+| `reads` | buffered Noise and pubsub reads; yamux credit every half window on pubsub streams |
+| `service` | `LeanPubsub`: coalesced writes, bans, the message being validated; `CachedAddrsHost` |
+| `router` | `LeanGossipSub`: peer record once per stream, IDONTWANT only for large messages, history trimmed, scoring |
+| `scoring` | real thresholds, IGNORE, `GossipScorer` and `ScoreEnforcer` (peers below graylist cut off) |
+
+Measured by `benchmarks/bench_pubsub.py` (CPU per message received, `STOCK` against `LEAN`, side by side); every
+upstream behaviour relied on is pinned by tests/test_pubsub_pins.py, which fails when an upgrade changes one.
+"""
+
+from transports.pubsub.reads import BufferedNoiseTransport, BufferedReader, batch_credit
+from transports.pubsub.router import LeanGossipSub, trim_delivery_history
+from transports.pubsub.scoring import REJECTED, GossipScorer, ScoreEnforcer, score_params
+from transports.pubsub.service import CachedAddrsHost, LeanPubsub
+from transports.pubsub.tuning import LEAN, STOCK, PubsubTuning
+
+__all__ = [
+    "LEAN",
+    "REJECTED",
+    "STOCK",
+    "BufferedNoiseTransport",
+    "BufferedReader",
+    "CachedAddrsHost",
+    "GossipScorer",
+    "LeanGossipSub",
+    "LeanPubsub",
+    "PubsubTuning",
+    "ScoreEnforcer",
+    "batch_credit",
+    "score_params",
+    "trim_delivery_history",
+]

@@ -128,6 +128,10 @@ class NodeConfig:
     # of hundreds of nodes on two cores, where each node opening its own Docker executor and canary would measure
     # dockerd instead of the mesh). Real runs, real gate; the caller owns both. None: the node opens its own.
     shared_sandbox: SharedSandbox | None = None
+    # py-libp2p's GossipSub v2 features (`transports.gossip.GossipRouter`): adaptive gossip off (it stretches the
+    # heartbeat to 30-60 s in a small mesh), eclipse protection at upstream's default. Simulations switch them.
+    adaptive_gossip: bool = False
+    eclipse_protection: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +199,12 @@ class MeshNode:
             p2p, self.desk, status=self.heartbeat, abort=self._abort_from_peer, presence=self.peers.observe
         )
         self.gossip = GossipTransport(
-            p2p, self.direct, validate=self.intake.validate, forward_offers=config.forward_offers
+            p2p,
+            self.direct,
+            validate=self.intake.validate,
+            forward_offers=config.forward_offers,
+            adaptive_gossip=config.adaptive_gossip,
+            eclipse_protection=config.eclipse_protection,
         )
         self.presence = Presence(p2p, self.direct, self.peers, self.heartbeat, refresh_every=config.heartbeat_interval)
         # Raises AddressError for a bad bootstrap address, before anything runs.

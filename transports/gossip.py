@@ -115,9 +115,14 @@ class MessageIdCache(MessageCache):
 
 class GossipRouter(GossipSub):
     """py-libp2p's GossipSub as we run it: meshsub 1.2/1.1/1.0, no adaptive gossip, and a message cache that uses
-    the pubsub's own message id (bound when the pubsub attaches itself, before any message can arrive)."""
+    the pubsub's own message id (bound when the pubsub attaches itself, before any message can arrive).
 
-    def __init__(self) -> None:
+    `adaptive_gossip` and `eclipse_protection` switch py-libp2p's two GossipSub "v2" features (upstream: both on),
+    so that `python -m simulations scale` can measure the mesh with each on and off. Eclipse protection grafts peers
+    for IP diversity from the scorer's record of peer IPs, which 0.8.1 never fills (it looks for the peer's stream
+    before pubsub has stored it): it is kept at upstream's default, and inert."""
+
+    def __init__(self, *, adaptive_gossip: bool = False, eclipse_protection: bool = True) -> None:
         super().__init__(
             protocols=list(MESHSUB_PROTOCOLS),
             degree=6,
@@ -126,7 +131,8 @@ class GossipRouter(GossipSub):
             heartbeat_interval=1,
             unsubscribe_back_off=1,
             max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC,
-            adaptive_gossip_enabled=False,
+            adaptive_gossip_enabled=adaptive_gossip,
+            eclipse_protection_enabled=eclipse_protection,
         )
 
     def attach(self, pubsub: Pubsub) -> None:
@@ -148,6 +154,8 @@ class GossipTransport:
         *,
         validate: ValidateFn,
         forward_offers: bool = True,
+        adaptive_gossip: bool = False,
+        eclipse_protection: bool = True,
     ) -> None:
         self.host = host
         # A node in the offers mesh relays offers for others. A one-shot offerer is a client: it publishes through
@@ -158,7 +166,7 @@ class GossipTransport:
         self.validate = validate
         # Counters: offers rejected by reason, queue drops, deliveries.
         self.stats: Counter[str] = Counter()
-        self.router = GossipRouter()
+        self.router = GossipRouter(adaptive_gossip=adaptive_gossip, eclipse_protection=eclipse_protection)
         self.pubsub = host.new_pubsub(
             self.router,
             strict_signing=True,

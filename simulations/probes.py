@@ -10,7 +10,12 @@ in the same process are untouched):
 - `ExecProbe` wraps a runner's `executor.run_code` to record, for every run the node hands its executor, whether
   the gate was open when it started and whether any code actually executed (an exit code) or Docker failed it.
 - `SendCounter` wraps `pubsub.write_msg`, the one call through which libp2p's pubsub writes every RPC to a peer
-  stream (queued publishes, control messages, IWANT answers), and classifies what each RPC carries.
+  stream (queued publishes, control messages, IWANT answers), and classifies what each RPC carries. (Not the hello
+  that opens a pubsub stream, which pubsub writes to the stream itself; and a sender that coalesces RPCs into one
+  write of its own, as the lean pubsub path does, bypasses it: `ReceiveCounter` does not depend on the sender.)
+- `ReceiveCounter` wraps `pubsub.push_msg`, which pubsub calls for every message of a subscribed topic that arrives
+  in an RPC (eager pushes and IWANT answers alike), before its seen-cache check: it counts every copy of every offer
+  each node receives, duplicates included, whichever way the sender wrote them.
 """
 
 from __future__ import annotations
@@ -178,6 +183,27 @@ class SendCounter:
 
     def snapshot(self) -> Counter[str]:
         return Counter(self.counts)
+
+
+@dataclass
+class ReceiveCounter:
+    """Copies of each offer received, per node: `copies[sha256 of the offer's bytes][peer id]` (its message id:
+    cheaper than parsing each copy, and each issue of an offer is its own message)."""
+
+    copies: dict[bytes, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+
+    def watch(self, node: MeshNode) -> None:
+        pubsub = node.gossip.pubsub
+        original = pubsub.push_msg
+        me = pubsub.my_id
+        peer_id = node.peer_id
+
+        async def push_msg(msg_forwarder: Any, msg: Any) -> None:
+            if msg_forwarder != me and OFFERS_TOPIC in msg.topicIDs:
+                self.copies[hashlib.sha256(msg.data).digest()][peer_id] += 1
+            await original(msg_forwarder, msg)
+
+        pubsub.push_msg = push_msg  # type: ignore[method-assign]
 
 
 def mesh_hops(nodes: list[MeshNode], publisher: MeshNode) -> dict[str, int]:

@@ -553,6 +553,7 @@ class MeshNode:
         ours = offer.offerer == self.identity.public_key
         inviting = ours and offer.audience is not None and offer.audience.to is None and not offer.audience.invited
         invitees = self._fresh_invitees(offer, invited) if inviting else []
+        lapses: set[tuple[str, bytes]] = set()  # lapsed grants already answered with a re-issue
         try:
             while True:
                 if invitees or (issues and ours):
@@ -565,7 +566,7 @@ class MeshNode:
                 refusal = await self.gossip.publish_offer(raw)
                 if refusal is not None:
                     return OfferOutcome(refusal=refusal)
-                invitees, lapsed = await self._await_claim(job, offer, invited, deadline, inviting=inviting)
+                invitees, lapsed = await self._await_claim(job, offer, invited, lapses, deadline, inviting=inviting)
                 if job.results:
                     return self._outcome(job, issues, result=job.results[0])
                 if trio.current_time() >= deadline or not ours:
@@ -582,14 +583,28 @@ class MeshNode:
                 self.desk.withdraw(issue.received.offer.offer_id)
 
     async def _await_claim(
-        self, job: ClaimJob, offer: TaskOffer, invited: list[str], deadline: float, *, inviting: bool
+        self,
+        job: ClaimJob,
+        offer: TaskOffer,
+        invited: list[str],
+        lapses: set[tuple[str, bytes]],
+        deadline: float,
+        *,
+        inviting: bool,
     ) -> tuple[list[str], bool]:
-        """Wait for this issue: until a result, the deadline, a lapsed claim (True), or, while inviting, the invite
-        window passing with nobody claiming and someone new to invite (their PeerIDs)."""
+        """Wait for this issue: until a result, the deadline, a claim lapsing (True), or, while inviting, the invite
+        window passing with nobody claiming and someone new to invite (their PeerIDs).
+
+        A lapse counts once: the desk says `lapsed` for as long as the lapsed grant is the job's last, so the grants
+        already answered with a re-issue (`lapses`, updated here) do not count again while the new issue waits for
+        its claim. Otherwise every poll would re-publish the work."""
         window = trio.current_time() + self.config.invite_window_s
         while trio.current_time() < deadline and not job.results:
             if self.desk.lapsed(job):
-                return [], True
+                new = set(self.desk.undelivered(job)) - lapses
+                if new:
+                    lapses |= new
+                    return [], True
             if inviting and trio.current_time() >= window and not self.desk.claimed(job):
                 window = trio.current_time() + self.config.invite_window_s
                 more = self._fresh_invitees(offer, invited) if len(invited) < MAX_INVITED else []

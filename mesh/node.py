@@ -129,6 +129,10 @@ class NodeConfig:
     # of hundreds of nodes on two cores, where each node opening its own Docker executor and canary would measure
     # dockerd instead of the mesh). Real runs, real gate; the caller owns both. None: the node opens its own.
     shared_sandbox: SharedSandbox | None = None
+    # py-libp2p's GossipSub v2 features (`transports.gossip.GossipRouter`): adaptive gossip off (it stretches the
+    # heartbeat to 30-60 s in a small mesh), eclipse protection at upstream's default. Simulations switch them.
+    adaptive_gossip: bool = False
+    eclipse_protection: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +202,12 @@ class MeshNode:
             p2p, self.desk, status=self.heartbeat, abort=self._abort_from_peer, presence=self.peers.observe
         )
         self.gossip = GossipTransport(
-            p2p, self.direct, validate=self.intake.validate, forward_offers=config.forward_offers
+            p2p,
+            self.direct,
+            validate=self.intake.validate,
+            forward_offers=config.forward_offers,
+            adaptive_gossip=config.adaptive_gossip,
+            eclipse_protection=config.eclipse_protection,
         )
         self.presence = Presence(p2p, self.direct, self.peers, self.heartbeat, refresh_every=config.heartbeat_interval)
         # Raises AddressError for a bad bootstrap address, before anything runs.
@@ -586,8 +595,11 @@ class MeshNode:
     async def _await_claim(
         self, job: ClaimJob, offer: TaskOffer, invited: list[str], deadline: float, *, inviting: bool
     ) -> tuple[list[str], bool]:
-        """Wait for this issue: until a result, the deadline, a lapsed claim (True), or, while inviting, the invite
-        window passing with nobody claiming and someone new to invite (their PeerIDs)."""
+        """Wait for this issue: until a result, the deadline, a claim lapsing (True), or, while inviting, the invite
+        window passing with nobody claiming and someone new to invite (their PeerIDs).
+
+        A lapse counts once: `desk.lapsed` sets the lapsed grants aside as it reports them, so the new issue waits
+        for its own claim instead of being re-published at every poll."""
         window = trio.current_time() + self.config.invite_window_s
         while trio.current_time() < deadline and not job.complete:
             if self.desk.lapsed(job):

@@ -88,6 +88,8 @@ class Cluster:
         heartbeat_interval: float | None = None,
         gate_interval: float = 5.0,
         policy: ExecutorPolicy | None = None,
+        node_options: dict[str, Any] | None = None,
+        role_options: dict[Role, dict[str, Any]] | None = None,
     ) -> None:
         self._nursery = nursery
         self.random = random.Random(seed)
@@ -96,6 +98,10 @@ class Cluster:
         self.heartbeat_interval = default if heartbeat_interval is None else heartbeat_interval
         self.gate_interval = gate_interval
         self.policy = policy or runner_policy()
+        # More `NodeConfig` fields for every node (defences, gossip features), and for the nodes of one role (the
+        # runners' shared sandbox, the offerers' claim lease).
+        self.node_options = dict(node_options or {})
+        self.role_options = dict(role_options or {})
         self.nodes: list[SimNode] = []
         self.on_open: list[OnOpen] = []
 
@@ -126,6 +132,7 @@ class Cluster:
 
     async def _serve(self, sim: SimNode, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = NodeConfig(
+            **{**self.node_options, **self.role_options.get(sim.role, {})},
             identity=sim.identity,
             listen=[f"/ip4/127.0.0.1/tcp/{sim.port}"],
             peers=sim.peers if sim.incarnations == 0 else self._redial_peers(sim),
@@ -169,12 +176,12 @@ class Cluster:
         hand) when there are any, and every subscribed node has GossipSub mesh peers for offers. False when
         `timeout` passes first (the caller reports it)."""
         with trio.move_on_after(timeout):
-            while not self._formed():
+            while not self.formed():
                 await trio.sleep(0.1)
             return True
         return False
 
-    def _formed(self) -> bool:
+    def formed(self) -> bool:
         live = [s for s in self.nodes if s.node is not None]
         for sim in live:
             node = sim.node

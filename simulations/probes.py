@@ -15,6 +15,9 @@ in the same process are untouched):
   with `write_msg`, ours (`transports.pubsub.service.LeanPubsub`) coalesces them into one write and never calls
   it. The few RPCs the router writes straight to a stream (`write_msg` outside a sender: messages held for a peer
   still being identified, recent messages replayed to a new subscriber) are counted there.
+- `ReceiveCounter` wraps `pubsub.push_msg`, which pubsub calls for every message of a subscribed topic that arrives
+  in an RPC (eager pushes and IWANT answers alike), before its seen-cache check: it counts every copy of every offer
+  each node receives, duplicates included, whichever way the sender wrote them.
 """
 
 from __future__ import annotations
@@ -210,6 +213,27 @@ class SendCounter:
 
     def snapshot(self) -> Counter[str]:
         return Counter(self.counts)
+
+
+@dataclass
+class ReceiveCounter:
+    """Copies of each offer received, per node: `copies[sha256 of the offer's bytes][peer id]` (its message id:
+    cheaper than parsing each copy, and each issue of an offer is its own message)."""
+
+    copies: dict[bytes, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+
+    def watch(self, node: MeshNode) -> None:
+        pubsub = node.gossip.pubsub
+        original = pubsub.push_msg
+        me = pubsub.my_id
+        peer_id = node.peer_id
+
+        async def push_msg(msg_forwarder: Any, msg: Any) -> None:
+            if msg_forwarder != me and OFFERS_TOPIC in msg.topicIDs:
+                self.copies[hashlib.sha256(msg.data).digest()][peer_id] += 1
+            await original(msg_forwarder, msg)
+
+        pubsub.push_msg = push_msg  # type: ignore[method-assign]
 
 
 def mesh_hops(nodes: list[MeshNode], publisher: MeshNode) -> dict[str, int]:

@@ -20,6 +20,7 @@ SCENARIOS = {
     "ble": "simulations.ble_cluster",
     "scaling": "simulations.scaling",
     "scaling-procs": "simulations.scaling_procs",
+    "scale": "simulations.scale",
     "model": "simulations.model",
 }
 

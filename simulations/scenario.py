@@ -26,7 +26,16 @@ class Options:
     nodes: int | None = None  # total nodes; each scenario has its own default
     out: Path = DEFAULT_OUT
     seed: int = 1
-    workers: int = 4  # worker processes of `scaling-procs` (more than cores: each event loop also queues)
+    workers: int = 4  # worker processes of `scaling-procs` and `scale` (more than cores: each loop also queues)
+    # `scale` only: the sizes to sweep (`--nodes 16,64,200`), where to write its figures as JSON, how many runners
+    # misbehave, offers and their rate (0: the scenario's own), and py-libp2p's GossipSub v2 features.
+    sizes: tuple[int, ...] = ()
+    json: Path | None = None
+    grief: int = 0
+    offers: int = 0
+    rate: float = 0.0
+    adaptive_gossip: bool = False
+    eclipse_protection: bool = True
 
     def n(self, quick: int, full: int) -> int:
         return self.nodes if self.nodes is not None else (quick if self.quick else full)

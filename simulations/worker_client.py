@@ -42,8 +42,8 @@ class WorkerProcess:
             raise WorkerError(f"worker {self.index}: {answer['error']}")
         return answer["ok"]
 
-    async def add(self, role: str, peers: list[str]) -> tuple[str, str]:
-        answer = await self.request("add", role=role, peers=peers)
+    async def add(self, role: str, peers: list[str], behaviour: str = "honest") -> tuple[str, str]:
+        answer = await self.request("add", role=role, peers=peers, behaviour=behaviour)
         self.peer_ids.append(answer["peer_id"])
         return answer["peer_id"], answer["addr"]
 

@@ -82,6 +82,7 @@ from transports.pubsub import (
     ScoreEnforcer,
     batch_credit,
 )
+from transports.pubsub.tuning import with_gossip_features
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,12 @@ class MessageIdCache(MessageCache):
 class GossipRouter(LeanGossipSub):
     """py-libp2p's GossipSub as we run it: meshsub 1.2/1.1/1.0, no adaptive gossip, and a message cache that uses
     the pubsub's own message id (bound when the pubsub attaches itself, before any message can arrive); the lean
-    path and scoring as `tuning` says (`transports.pubsub.router`)."""
+    path and scoring as `tuning` says (`transports.pubsub.router`).
+
+    `tuning` also switches py-libp2p's two GossipSub "v2" features (upstream: both on), so that `python -m
+    simulations scale` can measure the mesh with each on and off. Eclipse protection grafts peers for IP diversity
+    from the scorer's record of peer IPs, which 0.8.1 never fills (it looks for the peer's stream before pubsub has
+    stored it): it is kept at upstream's default, and inert."""
 
     def __init__(self, tuning: PubsubTuning = LEAN) -> None:
         super().__init__(
@@ -174,7 +180,10 @@ class GossipTransport:
         *,
         validate: ValidateFn,
         forward_offers: bool = True,
+        adaptive_gossip: bool | None = None,
+        eclipse_protection: bool | None = None,
     ) -> None:
+        """`adaptive_gossip` and `eclipse_protection`, when given, override the host's `PubsubTuning`."""
         self.host = host
         # A node in the offers mesh relays offers for others. A one-shot offerer is a client: it publishes through
         # a fanout and relays nothing (it will be gone in a minute).
@@ -184,7 +193,13 @@ class GossipTransport:
         self.validate = validate
         # Counters: offers rejected by reason, queue drops, deliveries.
         self.stats: Counter[str] = Counter()
-        self.router = GossipRouter(host.tuning)
+        tuning = host.tuning
+        tuning = with_gossip_features(
+            tuning,
+            adaptive_gossip=tuning.adaptive_gossip if adaptive_gossip is None else adaptive_gossip,
+            eclipse_protection=tuning.eclipse_protection if eclipse_protection is None else eclipse_protection,
+        )
+        self.router = GossipRouter(tuning)
         scorer = self.router.scorer
         self.enforcer = ScoreEnforcer(host, scorer) if isinstance(scorer, GossipScorer) else None
         self.pubsub = host.new_pubsub(

@@ -73,7 +73,7 @@ async def bench_status(policy: ExecutorPolicy, runs: int, *, from_docker: bool) 
                 while ex.stats().pool_ready < ex.stats().pool_size or ex.stats().pending_removals:
                     await trio.sleep(0.01)
             began = time.perf_counter()
-            started = ex.pool.take(policy.pool_limits)
+            started = ex.pool.take(policy.pool_limits, "python")
             assert started is not None
             nonce = new_nonce()
             output = AttachDemuxer(policy.stdout_cap, policy.stderr_cap, nonce=nonce)

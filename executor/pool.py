@@ -3,23 +3,33 @@
 Reuse would let one task leave something (a file in /tmp, a process) for the next. A container that has run a
 task is removed; the pool refills in the owner's nursery. A waiting container ends by itself when its owner's
 attach connection closes, and whatever a dead owner left is swept by the next executor (executor/owner.py).
+
+Each container has started the interpreter of one language before its task (executor/supervisor.py), in the mix
+the policy sets (`pool_languages`, cycled over the pool's size). A run takes a container of its own language if
+one is ready, and any other otherwise: the supervisor then starts the run's interpreter on arrival, which is
+slower but still spares a container start. Whatever is taken is replaced by a container of the same language, so
+the mix stays as configured.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from itertools import cycle, islice
 from typing import Any
 
 import structlog
 import trio
 
-from executor.contract import Limits
+from executor.contract import Language, Limits
 from executor.sandbox import DockerSandbox, SandboxUnavailable, StartedContainer
 
 log = structlog.get_logger(__name__)
 
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
+# A container counts as ready once its interpreter is parked: node needs about 0.3 s at the pool's half a CPU.
+PARK_TIMEOUT_S = 30.0
+PARK_ERRORS = (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class WarmPool:
@@ -30,6 +40,10 @@ class WarmPool:
         self.limits = limits
         self.size = size
         self._ready: deque[StartedContainer] = deque()
+        policy = sandbox.policy
+        languages: tuple[Language | None, ...] = policy.pool_languages if policy.prestart else (None,)
+        # What the refill starts next: the prestart language of each container missing from the pool.
+        self._to_start: deque[Language | None] = deque(islice(cycle(languages), size))
         self._refill_wanted = trio.Event()
         self._refill_scope: trio.CancelScope | None = None
         self._refill_stopped = trio.Event()
@@ -38,17 +52,20 @@ class WarmPool:
     def ready(self) -> int:
         return len(self._ready)
 
-    def take(self, limits: Limits) -> StartedContainer | None:
-        """A started container for `limits`, or None (the caller then starts one cold).
+    def take(self, limits: Limits, language: Language) -> StartedContainer | None:
+        """A started container for `limits`, one prestarted for `language` if any is ready, or None (the caller
+        then starts one cold).
 
         Only memory and cpus are properties of a container; the timeout is enforced by the executor, so a run
         with any timeout can use a pooled container made with the same memory and cpus.
         """
         if (limits.memory_mb, limits.cpus) != (self.limits.memory_mb, self.limits.cpus):
             return None
-        self._refill_wanted.set()
-        while self._ready:
-            container = self._ready.popleft()
+        # Its own language's first; sorted() is stable, so the oldest of each kind comes first.
+        for container in sorted(self._ready, key=lambda c: c.prestarted != language):
+            self._ready.remove(container)
+            self._to_start.append(container.prestarted)
+            self._refill_wanted.set()
             if container.looks_alive():
                 return container
             # Died while waiting (daemon restart, external removal): never hand it out.
@@ -69,18 +86,20 @@ class WarmPool:
     async def _refill_forever(self) -> None:
         retry_s = RETRY_FIRST_S
         while True:
-            while len(self._ready) < self.size:
+            while self._to_start:
                 try:
                     health = await self._sandbox.ensure_ready()
                     if not health.ok:
                         raise SandboxUnavailable(f"{health.reason}: {health.detail}")
-                    container = await self._sandbox.start(self.limits, role="pool")
+                    container = await self._sandbox.start(self.limits, role="pool", prestart=self._to_start[0])
+                    await self._parked(container)
                 except SandboxUnavailable as exc:
                     log.warning("pool.refill_failed", error=str(exc), retry_in_s=retry_s)
                     await trio.sleep(retry_s)
                     retry_s = min(retry_s * 2, RETRY_MAX_S)
                     continue
                 retry_s = RETRY_FIRST_S
+                self._to_start.popleft()
                 self._ready.append(container)
             self._refill_wanted = trio.Event()
             await self._refill_wanted.wait()
@@ -97,6 +116,18 @@ class WarmPool:
                     container = self._ready.popleft()
                     container.close()
                     nursery.start_soon(self._sandbox.dispose, container.container_id)
+
+    async def _parked(self, container: StartedContainer) -> None:
+        """Until the container's interpreter is parked. Raises SandboxUnavailable, the container then removed."""
+        try:
+            with trio.fail_after(PARK_TIMEOUT_S):
+                await container.wait_parked()
+        except BaseException as exc:  # a cancellation (the pool closing) too: the container must not leak
+            container.close()
+            self._discard(container)
+            if isinstance(exc, PARK_ERRORS):
+                raise SandboxUnavailable(f"the interpreter did not start: {exc!r}") from exc
+            raise
 
     def _discard(self, container: StartedContainer) -> None:
         # take() is synchronous, so the removal goes to the owner's nursery.

@@ -52,6 +52,11 @@ class WarmPool:
     def ready(self) -> int:
         return len(self._ready)
 
+    @property
+    def ready_languages(self) -> list[Language | None]:
+        """The prestart language of each ready container, oldest first."""
+        return [container.prestarted for container in self._ready]
+
     def take(self, limits: Limits, language: Language) -> StartedContainer | None:
         """A started container for `limits`, one prestarted for `language` if any is ready, or None (the caller
         then starts one cold).
@@ -92,7 +97,8 @@ class WarmPool:
                     if not health.ok:
                         raise SandboxUnavailable(f"{health.reason}: {health.detail}")
                     container = await self._sandbox.start(self.limits, role="pool", prestart=self._to_start[0])
-                    await self._parked(container)
+                    if container.parking:
+                        await self._parked(container)
                 except SandboxUnavailable as exc:
                     log.warning("pool.refill_failed", error=str(exc), retry_in_s=retry_s)
                     await trio.sleep(retry_s)

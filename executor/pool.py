@@ -9,6 +9,11 @@ the policy sets (`pool_languages`, cycled over the pool's size). A run takes a c
 one is ready, and any other otherwise: the supervisor then starts the run's interpreter on arrival, which is
 slower but still spares a container start. Whatever is taken is replaced by a container of the same language, so
 the mix stays as configured.
+
+A replacement is started once the runs on pool containers have returned, or REFILL_DEFER_S after it was wanted if
+one runs longer: creating and starting a container costs dockerd, containerd and runc far more CPU than a warm run
+takes, and on a small machine a start that overlaps the run it replaces was the larger part of that run's latency
+(measured: benchmarks/bench_executor.py, docs/executor.md "Warm start").
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ RETRY_MAX_S = 10.0
 # A container counts as ready once its interpreter is parked: node needs about 0.3 s at the pool's half a CPU.
 PARK_TIMEOUT_S = 30.0
 PARK_ERRORS = (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+# The longest a refill waits for runs on pool containers to return before it starts a container anyway.
+REFILL_DEFER_S = 0.25
 
 
 class WarmPool:
@@ -45,6 +52,8 @@ class WarmPool:
         # What the refill starts next: the prestart language of each container missing from the pool.
         self._to_start: deque[Language | None] = deque(islice(cycle(languages), size))
         self._refill_wanted = trio.Event()
+        self._lent = 0  # containers taken whose runs have not returned yet
+        self._returned = trio.Event()
         self._refill_scope: trio.CancelScope | None = None
         self._refill_stopped = trio.Event()
 
@@ -72,11 +81,17 @@ class WarmPool:
             self._to_start.append(container.prestarted)
             self._refill_wanted.set()
             if container.looks_alive():
+                self._lent += 1
                 return container
             # Died while waiting (daemon restart, external removal): never hand it out.
             container.close()
             self._discard(container)
         return None
+
+    def returned(self, container: StartedContainer) -> None:
+        """The run on a container from `take` is over (the container itself is being removed)."""
+        self._lent -= 1
+        self._returned.set()
 
     # task_status is Any: the stale trio-stubs package (via libp2p) has no trio.TaskStatus.
     async def keep_filled(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -92,6 +107,7 @@ class WarmPool:
         retry_s = RETRY_FIRST_S
         while True:
             while self._to_start:
+                await self._runs_returned()
                 try:
                     health = await self._sandbox.ensure_ready()
                     if not health.ok:
@@ -122,6 +138,12 @@ class WarmPool:
                     container = self._ready.popleft()
                     container.close()
                     nursery.start_soon(self._sandbox.dispose, container.container_id)
+
+    async def _runs_returned(self) -> None:
+        with trio.move_on_after(REFILL_DEFER_S):
+            while self._lent:
+                self._returned = trio.Event()
+                await self._returned.wait()
 
     async def _parked(self, container: StartedContainer) -> None:
         """Until the container's interpreter is parked. Raises SandboxUnavailable, the container then removed."""

@@ -144,6 +144,8 @@ class StartedContainer:
 class ContainerSource(Protocol):
     def take(self, limits: Limits, language: Language) -> StartedContainer | None: ...
 
+    def returned(self, container: StartedContainer) -> None: ...
+
 
 class DockerSandbox:
     def __init__(
@@ -236,17 +238,20 @@ class DockerSandbox:
         payload = encode_payload(prepared.language, prepared.code, prepared.input_json, limits.timeout_ms, nonce)
         # A pooled container passed the health check when it was made (the pool checks before each start),
         # so the hot path asks the daemon nothing before the task is sent.
-        started = source.take(limits, prepared.language) if source is not None else None
-        if started is None:
-            health = await self.ensure_ready()
-            if not health.ok:
-                return _unavailable(f"{health.reason}: {health.detail}", started_at)
+        if source is not None and (pooled := source.take(limits, prepared.language)) is not None:
             try:
-                prestart = prepared.language if self.policy.prestart else None
-                started = await self.start(limits, role="cold", prestart=prestart)
-            except SandboxUnavailable as exc:
-                self._healthy_until = -math.inf
-                return _unavailable(str(exc), started_at)
+                return await self._drive(pooled, payload, nonce, limits, started_at)
+            finally:
+                source.returned(pooled)
+        health = await self.ensure_ready()
+        if not health.ok:
+            return _unavailable(f"{health.reason}: {health.detail}", started_at)
+        try:
+            prestart = prepared.language if self.policy.prestart else None
+            started = await self.start(limits, role="cold", prestart=prestart)
+        except SandboxUnavailable as exc:
+            self._healthy_until = -math.inf
+            return _unavailable(str(exc), started_at)
         return await self._drive(started, payload, nonce, limits, started_at)
 
     async def _drive(

@@ -610,6 +610,7 @@ async def test_the_pool_keeps_one_container_per_language_and_prefers_the_runs_ow
             taken = ex.pool.take(policy.pool_limits, language)
             assert taken is not None and taken.prestarted == language
             taken.close()
+            ex.pool.returned(taken)
             await ex.sandbox.dispose(taken.container_id)
         await wait_pool_ready(ex)
         assert sorted(map(str, ex.pool.ready_languages)) == ["javascript", "python"]

@@ -6,8 +6,11 @@ is what happens inside.
 
 1. Before any task can arrive: `prctl(PR_SET_DUMPABLE, 0)`, so that its /proc files belong to root and a program of
    the same uid can read neither its memory, environment nor file descriptors, nor ptrace it (seccomp also denies
-   ptrace and process_vm_readv). SIGINT is ignored; SIGALRM, its own timer, acts only once the deadline has passed.
-   As the init of its pid namespace, no other signal from inside the container reaches it.
+   ptrace and process_vm_readv). It ignores every signal it can but SIGCHLD and SIGALRM, its own timer, which acts
+   only once the deadline has passed: as the init of its pid namespace, no other signal sent from inside would
+   reach it under runc anyway, but gVisor delivers them (runsc 20221219: a program of the same uid could end the
+   supervisor with SIGTERM; SIGKILL and SIGSTOP cannot be ignored, see docs/executor.md). The program gets the
+   dispositions it always had: SIGPIPE and SIGXFSZ ignored (Python's, inherited), every other one the default.
 2. Optionally, a prestart line names the task's language before the task: the supervisor then starts the
    program's interpreter at once, `python3 /tmp/main.py` or `node /tmp/main.js`, exactly as it would start it for
    the task, except that the main file is a FIFO. The interpreter initialises (site, the standard streams, node's
@@ -107,21 +110,35 @@ def parse_header(header: bytes) -> tuple[str, int, int, int, bytes]:
 def main() -> None:
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # nothing in here may read or trace this process
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spawn = Spawner(libc, ignore_signals())
     try:
-        run(libc)
+        run(spawn)
     except ProtocolError as exc:
         fail(str(exc).encode())
 
 
-def run(libc: Any) -> None:
+def ignore_signals() -> dict[int, bool]:
+    """Ignore every signal that can be but SIGCHLD (its default is what makes waitpid work) and SIGALRM (the
+    deadline's). Returns, for each, whether it was ignored before: what the program inherits."""
+    before: dict[int, bool] = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGALRM):
+            continue
+        try:
+            before[sig] = signal.signal(sig, signal.SIG_IGN) == signal.SIG_IGN
+        except (OSError, ValueError):  # the C library's own real-time signals
+            continue
+    return before
+
+
+def run(spawn: Spawner) -> None:
     tag = read_exact(len(PRESTART_TAG))
     parked: Parked | None = None
     input_fd: int | None = None
     if tag == PRESTART_TAG:
         language = parse_prestart(tag + read_exact(PRESTART_SIZE - len(tag)))
         input_fd = create(INPUT_PATH)  # empty: the parked interpreter's stdin, filled when the task comes
-        parked = Parked.start(libc, language)
+        parked = Parked.start(spawn, language)
         write_all(1, PARKED if parked is not None else NOT_PARKED)
         tag = read_exact(len(PRESTART_TAG))
     language, code_len, input_len, timeout_ms, nonce = parse_header(tag + read_exact(HEADER_SIZE - len(tag)))
@@ -142,7 +159,7 @@ def run(libc: Any) -> None:
         parked.deliver(staging)
         program = parked.pid
     else:
-        program = spawn(libc, interpreter, path)
+        program = spawn(interpreter, path)
     status: int | None = None
     while status is None:
         pid, wait_status = os.waitpid(-1, 0)  # orphans come to PID 1: reaped here too
@@ -173,11 +190,11 @@ class Parked:
         self.fifo = fifo  # our end, open for writing
 
     @classmethod
-    def start(cls, libc: Any, language: str) -> Parked | None:
+    def start(cls, spawn: Spawner, language: str) -> Parked | None:
         """Start the interpreter and wait until it has opened its main file. None if it ended first (reaped)."""
         path, interpreter = PROGRAMS[language]
         os.mkfifo(path, 0o600)
-        pid = spawn(libc, interpreter, path)
+        pid = spawn(interpreter, path)
         # Opening a FIFO to write without O_NONBLOCK blocks until a reader opens it: forever, if the interpreter
         # died. Non-blocking, ENXIO means no reader yet: look again until it gets there or ends.
         began = time.monotonic()
@@ -216,26 +233,34 @@ class Parked:
         os.unlink(self.path)
 
 
-def spawn(libc: Any, interpreter: str, path: str) -> int:
-    """Fork `interpreter path` with stdin from the input file, the program's environment and oom_score_adj 1000."""
-    pid = os.fork()
-    if pid:
-        return pid
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        # Dumpable again, or its own /proc files are root's. Safe: no process but the supervisor exists (a
-        # parked interpreter of the other language has been killed and reaped), and execve replaces this memory.
-        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-        with open("/proc/self/oom_score_adj", "w") as adj:
-            adj.write("1000")  # a memory bomb is the OOM killer's choice, not the supervisor
-        fd = os.open(INPUT_PATH, os.O_RDONLY)
-        os.dup2(fd, 0)
-        os.close(fd)
-        os.execve(interpreter, [interpreter, path], PROGRAM_ENV)
-    except BaseException as exc:
-        os.write(2, b"edgecoder bootstrap: cannot start the program: " + repr(exc).encode() + b"\n")
-    finally:
-        os._exit(127)
+class Spawner:
+    """Forks the program's interpreter, in the same way whether it is prestarted or started on arrival."""
+
+    def __init__(self, libc: Any, ignored_before: dict[int, bool]) -> None:
+        self._libc = libc
+        self._ignored_before = ignored_before
+
+    def __call__(self, interpreter: str, path: str) -> int:
+        """Fork `interpreter path`: stdin from the input file, the program's environment, oom_score_adj 1000."""
+        pid = os.fork()
+        if pid:
+            return pid
+        try:
+            for sig, ignored in self._ignored_before.items():
+                signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
+            # Dumpable again, or its own /proc files are root's. Safe: no process but the supervisor exists (a
+            # parked interpreter of the other language has been killed and reaped), and execve replaces this memory.
+            self._libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+            with open("/proc/self/oom_score_adj", "w") as adj:
+                adj.write("1000")  # a memory bomb is the OOM killer's choice, not the supervisor
+            fd = os.open(INPUT_PATH, os.O_RDONLY)
+            os.dup2(fd, 0)
+            os.close(fd)
+            os.execve(interpreter, [interpreter, path], PROGRAM_ENV)
+        except BaseException as exc:
+            os.write(2, b"edgecoder bootstrap: cannot start the program: " + repr(exc).encode() + b"\n")
+        finally:
+            os._exit(127)
 
 
 class Deadline:

@@ -12,12 +12,17 @@ import time
 from typing import Any
 
 from executor.container_config import SANDBOX_UID_BASE, build_container_config
-from executor.contract import Limits
+from executor.contract import Language, Limits
 from executor.policy import ExecutorPolicy
 
 CODE = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))"
 INPUT = {"xs": [1, 2, 3]}
 EXPECTED = "6\n"
+# The same task in JavaScript (stdin read to its end, as a program must).
+JS_CODE = (
+    "let s = '';\n"
+    "process.stdin.on('data', c => s += c).on('end', () => console.log(JSON.parse(s).xs.reduce((a, b) => a + b, 0)));"
+)
 
 
 def percentiles(samples_s: list[float]) -> tuple[float, float]:
@@ -34,8 +39,9 @@ def print_figures(figures: dict[str, tuple[float, float]]) -> None:
         print(f"{name:<{width}}{p50:>10.1f}{p95:>10.1f}")
 
 
-def cli_command(policy: ExecutorPolicy) -> list[str]:
-    """`docker run --rm` with the image and every flag of the node's containers, read from its config.
+def cli_command(policy: ExecutorPolicy, language: Language = "python") -> list[str]:
+    """`docker run --rm` with the image and every flag of the node's containers, read from its config, running the
+    trivial task of `language` (`python3 -I -S -c CODE` or `node -e JS_CODE`).
 
     MaskedPaths and ReadonlyPaths have no CLI flag: the baseline keeps Docker's own defaults for them.
     """
@@ -67,15 +73,19 @@ def cli_command(policy: ExecutorPolicy) -> list[str]:
     flags += [f"--tmpfs={path}:{options}" for path, options in host.pop("Tmpfs").items()]
     flags += [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in host.pop("Ulimits")]
     assert not host, f"container_config sets flags this baseline does not translate: {sorted(host)}"
-    return ["docker", "run", "--rm", "-i", *flags, config["image"], "python3", "-I", "-S", "-c", CODE]
+    program = ["python3", "-I", "-S", "-c", CODE] if language == "python" else ["node", "-e", JS_CODE]
+    return ["docker", "run", "--rm", "-i", *flags, config["image"], *program]
 
 
 def bench_cli(policy: ExecutorPolicy, runs: int) -> list[float]:
     command = cli_command(policy)
-    samples = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        done = subprocess.run(command, input=b'{"xs": [1, 2, 3]}', capture_output=True, check=True)
-        samples.append(time.perf_counter() - began)
-        assert done.stdout.decode() == EXPECTED, done
-    return samples
+    return [run_cli_once(command) for _ in range(runs)]
+
+
+def run_cli_once(command: list[str]) -> float:
+    """Seconds for one `docker run --rm` of the trivial task, the whole CLI process."""
+    began = time.perf_counter()
+    done = subprocess.run(command, input=b'{"xs": [1, 2, 3]}', capture_output=True, check=True)
+    elapsed = time.perf_counter() - began
+    assert done.stdout.decode() == EXPECTED, done
+    return elapsed

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from executor.contract import Limits
+from executor.contract import LANGUAGES, Language, Limits
 from executor.seccomp import PROFILE_PATH
 
 DEFAULT_IMAGE = "edgecoder-sandbox:bookworm"
@@ -37,6 +37,10 @@ class ExecutorPolicy:
     pool_size: int = 2
     # Pre-started containers are created with these limits; a run whose memory and cpus match uses one.
     pool_limits: Limits = field(default_factory=Limits)
+    # Every container starts its program's interpreter before the code arrives (executor/supervisor.py); pool
+    # containers do so for these languages, cycled over the pool's size. False: interpreters start on arrival.
+    prestart: bool = True
+    pool_languages: tuple[Language, ...] = LANGUAGES
     # Upper bounds of what travels into the container over stdin (code and JSON input), in bytes.
     max_code_bytes: int = 1 << 20
     max_input_bytes: int = 8 << 20
@@ -46,6 +50,8 @@ class ExecutorPolicy:
             raise ValueError("min_memory_mb must not exceed max_memory_mb")
         if self.max_concurrent < 1 or self.max_waiting < 0 or self.pool_size < 0:
             raise ValueError("max_concurrent >= 1, max_waiting >= 0 and pool_size >= 0 are required")
+        if not self.pool_languages or not set(self.pool_languages) <= set(LANGUAGES):
+            raise ValueError(f"pool_languages must name some of {LANGUAGES}, not {self.pool_languages}")
         if self.clamp(self.pool_limits) != self.pool_limits:
             raise ValueError(f"pool_limits {self.pool_limits} lie outside the policy")
 

@@ -34,7 +34,7 @@ import requests
 import structlog
 import trio
 
-from executor.bootstrap import encode_payload, new_nonce
+from executor.bootstrap import NOT_PARKED, PARKED, encode_payload, encode_prestart, new_nonce
 from executor.container_config import (
     MESH_LABEL,
     NODE_LABEL,
@@ -44,7 +44,7 @@ from executor.container_config import (
 )
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits, QueueReason
 from executor.docker_api import API_TIMEOUT_S, DockerApi
-from executor.output import AttachDemuxer
+from executor.output import FRAME_HEADER, STDOUT, AttachDemuxer
 from executor.owner import OWNER_LABEL, STOPPED_GRACE_S, Owner, this_process
 from executor.policy import ExecutorPolicy
 
@@ -96,6 +96,35 @@ class StartedContainer:
     limits: Limits
     stream: trio.SocketStream
     raw: socket.socket  # the same socket, for the non-blocking liveness peek
+    # The language whose interpreter the container started before its task (the prestart line), if any.
+    prestarted: Language | None = None
+    # The supervisor's answer to the prestart line is still to be read: nothing may be sent before it is.
+    parking: bool = False
+
+    async def wait_parked(self) -> None:
+        """Read the supervisor's answer to the prestart line: the interpreter is parked, or `prestarted` becomes
+        None (it died while it initialised; the task's interpreter will start on arrival). Raises
+        trio.BrokenResourceError when the container ends first or answers anything else.
+
+        Reads exactly the answer's frame (receive_some never returns more than asked), so no byte of the task's
+        output can be taken with it; the supervisor writes it with one write, which Docker sends as one frame.
+        """
+        wanted = FRAME_HEADER.size + len(PARKED)
+        answer = b""
+        while len(answer) < wanted:
+            chunk = await self.stream.receive_some(wanted - len(answer))
+            if not chunk:
+                raise trio.BrokenResourceError("the container ended before its interpreter was parked")
+            answer += chunk
+        if FRAME_HEADER.unpack(answer[: FRAME_HEADER.size]) != (STDOUT, len(PARKED)):
+            raise trio.BrokenResourceError(f"unexpected output before the task: {answer!r}")
+        said = answer[FRAME_HEADER.size :]
+        if said not in (PARKED, NOT_PARKED):
+            raise trio.BrokenResourceError(f"unexpected output before the task: {answer!r}")
+        if said == NOT_PARKED:
+            log.warning("sandbox.not_parked", container=self.container_id[:12], language=self.prestarted)
+            self.prestarted = None
+        self.parking = False
 
     def close(self) -> None:
         """Close our end of the attach connection (idempotent). A waiting bootstrap then ends: StdinOnce."""
@@ -113,7 +142,9 @@ class StartedContainer:
 
 
 class ContainerSource(Protocol):
-    def take(self, limits: Limits) -> StartedContainer | None: ...
+    def take(self, limits: Limits, language: Language) -> StartedContainer | None: ...
+
+    def returned(self, container: StartedContainer) -> None: ...
 
 
 class DockerSandbox:
@@ -184,14 +215,16 @@ class DockerSandbox:
 
     # -- containers -----------------------------------------------------------------------------------------
 
-    async def start(self, limits: Limits, *, role: str) -> StartedContainer:
-        """Create, attach and start one container. Raises SandboxUnavailable.
+    async def start(self, limits: Limits, *, role: str, prestart: Language | None = None) -> StartedContainer:
+        """Create, attach and start one container, its interpreter for `prestart` started at once when given.
+        Raises SandboxUnavailable.
 
         Shielded: a container that exists must reach our hands, or it would leak when a cancel lands mid-call.
         """
         with trio.CancelScope(shield=True):
-            container_id, raw = await self.docker.call(lambda api: self._start_blocking(api, limits, role))
-        return StartedContainer(container_id, limits, trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw)
+            container_id, raw = await self.docker.call(lambda api: self._start_blocking(api, limits, role, prestart))
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
+        return StartedContainer(container_id, limits, stream, raw, prestarted=prestart, parking=prestart is not None)
 
     async def run(
         self, request: ExecRequest | PreparedRequest, limits: Limits, *, source: ContainerSource | None = None
@@ -205,16 +238,20 @@ class DockerSandbox:
         payload = encode_payload(prepared.language, prepared.code, prepared.input_json, limits.timeout_ms, nonce)
         # A pooled container passed the health check when it was made (the pool checks before each start),
         # so the hot path asks the daemon nothing before the task is sent.
-        started = source.take(limits) if source is not None else None
-        if started is None:
-            health = await self.ensure_ready()
-            if not health.ok:
-                return _unavailable(f"{health.reason}: {health.detail}", started_at)
+        if source is not None and (pooled := source.take(limits, prepared.language)) is not None:
             try:
-                started = await self.start(limits, role="cold")
-            except SandboxUnavailable as exc:
-                self._healthy_until = -math.inf
-                return _unavailable(str(exc), started_at)
+                return await self._drive(pooled, payload, nonce, limits, started_at)
+            finally:
+                source.returned(pooled)
+        health = await self.ensure_ready()
+        if not health.ok:
+            return _unavailable(f"{health.reason}: {health.detail}", started_at)
+        try:
+            prestart = prepared.language if self.policy.prestart else None
+            started = await self.start(limits, role="cold", prestart=prestart)
+        except SandboxUnavailable as exc:
+            self._healthy_until = -math.inf
+            return _unavailable(str(exc), started_at)
         return await self._drive(started, payload, nonce, limits, started_at)
 
     async def _drive(
@@ -225,6 +262,8 @@ class DockerSandbox:
         status_from_docker = False
         try:
             with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
+                if started.parking:  # a cold container: its interpreter is starting now, as it would on arrival
+                    await started.wait_parked()
                 await started.stream.send_all(payload)
                 while output.exit_status is None and (data := await started.stream.receive_some(RECV_CHUNK)):
                     output.feed(data)
@@ -359,7 +398,9 @@ class DockerSandbox:
             return SandboxHealth(False, "image_user", f"image {image} runs as {user or 'root'!r}, not 65534:65534")
         return SandboxHealth(True, "ok", f"image {image} ({str(info.get('Id', ''))[:19]}) user {user}")
 
-    def _start_blocking(self, api: docker.APIClient, limits: Limits, role: str) -> tuple[str, socket.socket]:
+    def _start_blocking(
+        self, api: docker.APIClient, limits: Limits, role: str, prestart: Language | None
+    ) -> tuple[str, socket.socket]:
         try:
             labels = {NODE_LABEL: self.node_label, ROLE_LABEL: role, OWNER_LABEL: this_process().label}
             config = build_container_config(limits, self.policy, labels=labels, uid=self._new_uid())
@@ -375,6 +416,8 @@ class DockerSandbox:
             attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw = _own_socket(attached)
             api.start(container_id)
+            if prestart is not None:
+                raw.sendall(encode_prestart(prestart))  # 16 bytes into an empty socket buffer: never blocks
         except BaseException as exc:
             if raw is not None:
                 raw.close()

@@ -63,6 +63,7 @@ def test_defaults_match_the_design() -> None:
         str(seccomp.PROFILE_PATH),
     )
     assert (p.max_concurrent, p.max_waiting, p.pool_size) == (2, 16, 2)
+    assert (p.prestart, p.pool_languages) == (True, ("python", "javascript"))
     assert p.clamp(p.pool_limits) == p.pool_limits
 
 
@@ -78,3 +79,9 @@ def test_from_env_reads_image_subset_switch_and_seccomp_profile() -> None:
 def test_pool_limits_outside_the_policy_are_rejected() -> None:
     with pytest.raises(ValueError, match="pool_limits"):
         ExecutorPolicy(pool_limits=Limits(5000, 4096, 0.5))
+
+
+@pytest.mark.parametrize("languages", [(), ("ruby",), ("python", "cobol")])
+def test_pool_languages_outside_the_executors_are_rejected(languages: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match="pool_languages"):
+        ExecutorPolicy(pool_languages=languages)  # type: ignore[arg-type]

@@ -389,7 +389,7 @@ async def test_a_container_whose_owner_was_killed_ends_at_its_own_deadline(
     """SIGKILL of the host process (`edgecoder exec`, a node) must not leave a container running past its limit:
     the supervisor inside ends the run at its timeout (+0.5 s) by itself, and a waiting pool container ends as
     soon as its owner's attach connection closes."""
-    owner = await start_executor_process(node_label, pool_size=1, timeout_ms=2000, code="import time\ntime.sleep(60)")
+    owner = await start_executor_process(node_label, pool_size=1, timeout_ms=2000, code=NAMED_SLEEPER)
     await wait_until(lambda: a_cold_program_runs(docker_api, node_label))
     await kill_process(owner)
     exits = {}
@@ -404,9 +404,7 @@ async def test_every_executor_sweeps_what_dead_owners_left_and_spares_the_living
 ) -> None:
     """Owners are judged by boot id, pid namespace, pid and start time: a one-off `exec` that was killed is swept
     by the next executor, whatever its label; a live node with the same label (the same key) keeps its pool."""
-    dead_oneoff = await start_executor_process(
-        node_label, pool_size=0, timeout_ms=20_000, code="import time\ntime.sleep(60)"
-    )
+    dead_oneoff = await start_executor_process(node_label, pool_size=0, timeout_ms=20_000, code=NAMED_SLEEPER)
     await wait_until(lambda: a_cold_program_runs(docker_api, node_label))
     await kill_process(dead_oneoff)
     dead_ids = {c["Id"] for c in containers_of(docker_api, node_label)}
@@ -474,16 +472,20 @@ async def test_a_failing_program_cannot_report_success(docker_api: docker.APICli
     assert_nothing_left(docker_api, node_label)
 
 
+# The program names itself once it runs: its interpreter (python3 /tmp/main.py) exists before the code arrives.
+NAMED_SLEEPER = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'ec-running', 0, 0, 0)\ntime.sleep(60)"
+
+
 def a_cold_program_runs(api: docker.APIClient, label: str) -> bool:
-    """A run's program has started in a cold container of `label` (a run's readiness, seen from the host)."""
+    """NAMED_SLEEPER runs in a cold container of `label` (a run's readiness, seen from the host)."""
     for container in containers_of(api, label):
         if container["Labels"].get("edgecoder.role") != "cold":
             continue
         try:
-            processes = api.top(container["Id"])["Processes"] or []
+            processes = api.top(container["Id"], ps_args="-o pid,comm")["Processes"] or []
         except docker.errors.APIError:  # not running (yet)
             continue
-        if any("/tmp/main.py" in " ".join(process) for process in processes):
+        if any(process[-1] == "ec-running" for process in processes):
             return True
     return False
 

@@ -11,6 +11,7 @@ import subprocess
 import time
 from typing import Any
 
+from executor.backends import SandboxBackend, backend_for
 from executor.container_config import SANDBOX_UID_BASE, build_container_config
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
@@ -34,16 +35,20 @@ def print_figures(figures: dict[str, tuple[float, float]]) -> None:
         print(f"{name:<{width}}{p50:>10.1f}{p95:>10.1f}")
 
 
-def cli_command(policy: ExecutorPolicy) -> list[str]:
-    """`docker run --rm` with the image and every flag of the node's containers, read from its config.
+def cli_command(policy: ExecutorPolicy, backend: SandboxBackend | None = None) -> list[str]:
+    """`docker run --rm` with the image and every flag of the node's containers of a tier (runc by default), read
+    from its config.
 
     MaskedPaths and ReadonlyPaths have no CLI flag: the baseline keeps Docker's own defaults for them.
     """
-    config = build_container_config(policy.clamp(Limits(timeout_ms=5000)), policy, labels={}, uid=SANDBOX_UID_BASE)
+    backend = backend or backend_for("runc")
+    limits = policy.clamp(Limits(timeout_ms=5000))
+    config = build_container_config(limits, policy, labels={}, uid=SANDBOX_UID_BASE, backend=backend)
     host: dict[str, Any] = dict(config["host_config"])
     host.pop("MaskedPaths")
     host.pop("ReadonlyPaths")
     flags = [
+        f"--runtime={host.pop('Runtime')}",
         f"--network={host.pop('NetworkMode')}",
         f"--memory={host.pop('Memory')}b",
         f"--memory-swap={host.pop('MemorySwap')}b",
@@ -70,8 +75,8 @@ def cli_command(policy: ExecutorPolicy) -> list[str]:
     return ["docker", "run", "--rm", "-i", *flags, config["image"], "python3", "-I", "-S", "-c", CODE]
 
 
-def bench_cli(policy: ExecutorPolicy, runs: int) -> list[float]:
-    command = cli_command(policy)
+def bench_cli(policy: ExecutorPolicy, runs: int, backend: SandboxBackend | None = None) -> list[float]:
+    command = cli_command(policy, backend)
     samples = []
     for _ in range(runs):
         began = time.perf_counter()

@@ -106,8 +106,9 @@ class NodeConfig:
     # What peers can make the host hold (connections per source, handshakes, streams, windows): see
     # transports/hardening. None is the defaults; simulations with many nodes behind one address raise them.
     defences: Defences | None = None
-    # The sandbox runtime (issue 14): runc (hardened) until the gVisor tier lands.
-    isolation: str = "runc"
+    # The isolation tiers the node offers (`executor.isolation`: runc, gvisor or runc,gvisor; executor/backends/):
+    # they replace the executor policy's. None: the policy's own.
+    isolation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +215,15 @@ class MeshNode:
                 state = stack.enter_context(StateDir.locked(config.state_root, config.identity.peer_id))
             executor = None
             if config.sandbox_mode == "docker":
+                from executor.backends import parse_tiers
                 from executor.runner import Executor
 
+                policy = config.executor_policy
+                if config.isolation is not None:
+                    policy = dataclasses.replace(policy, isolation=parse_tiers(config.isolation))
                 executor = await stack.enter_async_context(
                     Executor.open(
-                        config.executor_policy,
+                        policy,
                         node_label=config.node_label or config.identity.peer_id,
                         **config.executor_options,
                     )

@@ -166,9 +166,9 @@ async def test_pooled_and_cold_runs_give_identical_results(docker_api: docker.AP
     async with Executor.open(policy, node_label=node_label) as ex:
         real_start = ex.sandbox.start
 
-        async def recording_start(limits: Limits, *, role: str) -> Any:
+        async def recording_start(limits: Limits, *, role: str, accept_warnings: bool = False) -> Any:
             roles.append(role)
-            return await real_start(limits, role=role)
+            return await real_start(limits, role=role, accept_warnings=accept_warnings)
 
         ex.sandbox.start = recording_start  # type: ignore[method-assign]
         pooled = []

@@ -780,6 +780,9 @@ def doctor(as_json: bool, config_file: Path | None) -> None:
         settings = node_settings(resolve({}, config=config_file))
     except (ConfigError, ValueError) as exc:
         raise InputError(str(exc)) from None
+    from mesh import logs
+
+    logs.configure(level=40)  # the report says what the executor's warnings would: once, with the fix
     report = trio.run(run_doctor, settings)
     if as_json:
         emit(report)

@@ -12,6 +12,7 @@ check fails.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -51,8 +52,8 @@ def runc_check(version: str | None) -> dict[str, Any]:
             "runc",
             "warn",
             f"runc {version}: upstream fixed {', '.join(RUNC_CVES)} in 1.2.8; this version predates it "
-            "(a distribution may have backported the fixes: check its security tracker). The node is not exposed "
-            f"through offers because {IMAGE_AND_MOUNTS}",
+            "(a distribution may have backported the fixes: check its security tracker). Offers cannot reach "
+            "them: see `image and mounts`",
             "install runc >= 1.2.8 (or the distribution's fixed build), or run remote work under gVisor: "
             "edgecoder node --isolation gvisor",
         )
@@ -74,6 +75,14 @@ def runsc_check(info: dict[str, Any], offered: bool) -> dict[str, Any]:
     detail = f"{where}; registered as {RUNTIME!r}: {registered.get('path')} {' '.join(args)}".rstrip()
     if missing:
         return check("runsc (gVisor)", missing_level, f"{detail}; lacks {' '.join(missing)}", FIX)
+    if "--ignore-cgroups" in args:
+        return check(
+            "runsc (gVisor)",
+            "warn",
+            f"{detail}: with --ignore-cgroups runsc sets up no host cgroup, so no memory, CPU or pids limit holds "
+            "(the gVisor canary withdraws the tier)",
+            f"drop --ignore-cgroups; {FIX}",
+        )
     return check("runsc (gVisor)", "ok", detail)
 
 
@@ -96,7 +105,20 @@ def cgroup_check(info: dict[str, Any]) -> dict[str, Any]:
             "run the daemon as root, or boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)",
         )
     mode = "rootless" if rootless else "rootful"
-    return check("cgroups", "ok", f"cgroup v{version}, driver {driver}, {mode} daemon")
+    # What the daemon itself says it can enforce (GET /info): a limit it cannot, it discards with a warning.
+    abilities = {"memory": "MemoryLimit", "swap": "SwapLimit", "pids": "PidsLimit", "CPU quota": "CpuCfsQuota"}
+    missing = [name for name, key in abilities.items() if info.get(key) is False]
+    detail = f"cgroup v{version}, driver {driver}, {mode} daemon"
+    if missing:
+        return check(
+            "cgroups",
+            "fail",
+            f"{detail}; the daemon cannot enforce {', '.join(missing)} limits (the cgroup controller is not "
+            "mounted, or the kernel lacks it): it would discard them",
+            "mount the controller's cgroup hierarchy (or boot with it enabled, e.g. cgroup_enable=memory "
+            "swapaccount=1) and restart the daemon",
+        )
+    return check("cgroups", "ok", f"{detail}; it enforces memory, swap, pids and CPU quota limits")
 
 
 def userns_check(info: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +219,8 @@ async def run_doctor(policy: ExecutorPolicy, mode: str) -> dict[str, Any]:
             level = "ok" if verdict.ok else ("fail" if offered else "info")
             name = f"canary {tier}" + ("" if offered else " (not offered)")
             fix = "" if verdict.ok else _canary_fix(verdict.reason, tier)
-            checks.append(check(name, level, verdict.detail or verdict.reason, fix))
+            detail = summary(verdict.detail) if verdict.ok else f"{verdict.reason}: {verdict.detail}"
+            checks.append(check(name, level, detail, fix))
             tiers[tier] = {
                 "offered": offered,
                 "ok": verdict.ok,
@@ -206,6 +229,24 @@ async def run_doctor(policy: ExecutorPolicy, mode: str) -> dict[str, Any]:
                 "missing": list(verdict.missing),
             }
     return _report(checks, tiers)
+
+
+def summary(detail: str) -> str:
+    """A passed canary's readings (its JSON detail) as one line a person reads."""
+    try:
+        seen = json.loads(detail)
+    except ValueError:
+        return detail
+    memory = seen.get("cgroup.memory") or seen.get("host.memory") or 0
+    pids = seen.get("cgroup.pids") or seen.get("host.pids")
+    cpus = seen.get("cgroup.cpus") or seen.get("host.cpus")
+    where = "inside" if seen.get("cgroup.memory") else "MemTotal inside, the rest on the host cgroup"
+    return (
+        f"proven: memory {memory >> 20} MiB, pids {pids}, cpus {cpus} ({where}); nofile {seen['nofile'][0]}, "
+        f"nproc {seen['nproc'][0]}, uid {seen['uid']} (gid the same, no other group), CapEff {seen['cap_eff']}, "
+        f"no_new_privs {seen['no_new_privs']}, seccomp mode {seen['seccomp']}, root {seen['root_write']}, "
+        f"interfaces {','.join(seen['interfaces'])}, threads {seen['threads']}"
+    )
 
 
 def _canary_fix(reason: str, tier: str) -> str:

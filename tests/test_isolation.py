@@ -31,6 +31,7 @@ from executor.container_config import ISOLATION_LABEL, NODE_LABEL
 from executor.contract import ErrorKind, ExecRequest, Limits
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
+from mesh.doctor import run_doctor
 from mesh.gate import SandboxGate
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
@@ -208,7 +209,9 @@ def no_pids_controller() -> Iterator[PrivateDockerd]:
 
 
 @pytest.mark.docker
-async def test_a_daemon_that_cannot_see_the_pids_controller_is_caught(no_pids_controller: PrivateDockerd) -> None:
+async def test_a_daemon_that_cannot_see_the_pids_controller_is_caught(
+    no_pids_controller: PrivateDockerd, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The daemon takes PidsLimit=50 and discards it, saying so only in a create warning; a container of it forks
     60 children. The canary reads no pids.max inside and names it; a run is refused before its program starts."""
     with no_pids_controller.api() as api:
@@ -237,6 +240,14 @@ async def test_a_daemon_that_cannot_see_the_pids_controller_is_caught(no_pids_co
         "sandbox_unavailable",
     )
     assert "failed its canary" in refused.stderr and "cgroup.pids" in refused.stderr
+
+    monkeypatch.setenv("DOCKER_HOST", no_pids_controller.base_url)
+    report = await run_doctor(POLICY, "docker")
+    failed = {c["name"]: c for c in report["checks"] if c["level"] == "fail"}
+    assert report["ok"] is False and set(failed) == {"cgroups", "canary runc"}
+    assert "cannot enforce pids limits" in failed["cgroups"]["detail"] and failed["cgroups"]["fix"]
+    assert "cgroup.pids: saw None, policy 50" in failed["canary runc"]["detail"]
+    assert report["tiers"]["runc"]["missing"] == ["cgroup.pids", "daemon.warning"]
 
 
 # -- a run's tier, on the machine's daemon -------------------------------------------------------------------------

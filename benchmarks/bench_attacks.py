@@ -144,7 +144,9 @@ async def measure(target: Target, offerer: MeshNode, offers: int, *, fresh_conne
         await steady(target.runner)
         if fresh_connection:
             await drop_connection(offerer, target.runner)
-        raw = offerer.make_offer(language="python", code=CODE, input=INPUT, limits=Limits(timeout_ms=5000))
+        raw = offerer.make_offer(
+            to=target.addr, language="python", code=CODE, input=INPUT, limits=Limits(timeout_ms=5000)
+        )
         began = time.perf_counter()
         with trio.move_on_after(OFFER_TIMEOUT):
             outcome = await offerer.offer_direct(target.addr, raw)

@@ -57,7 +57,9 @@ async def bench_mesh(offers: int) -> tuple[list[float], float]:
                 while executor.stats().pool_ready < executor.stats().pool_size or executor.stats().pending_removals:
                     await trio.sleep(0.01)
                 await trio.sleep(0.2)
-            raw = offerer.make_offer(language="python", code=CODE, input=INPUT, limits=Limits(timeout_ms=5000))
+            raw = offerer.make_offer(
+                to=runner.peer_id, language="python", code=CODE, input=INPUT, limits=Limits(timeout_ms=5000)
+            )
             began = time.perf_counter()
             outcome = await offerer.offer_direct(runner.addrs[0], raw)
             elapsed = time.perf_counter() - began

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from mesh.identity import public_key_of_peer_id
-from mesh.offers import ReceivedOffer, TaskResult, open_result
+from mesh.offers import ReceivedOffer, TaskResult, meets, open_result
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 
@@ -100,6 +100,11 @@ class ClaimDesk:
             # Its result could never be verified against its PeerID: granting would only strand the offer.
             posted.refused += 1
             return Rejection(Reason.CLAIM_REFUSED, "the claimant's PeerID embeds no Ed25519 key")
+        audience = offer.audience
+        if audience is not None and audience.invited and claimant not in audience.invited:
+            # Its own intake should have refused the offer; a claimant that skips that check gets the same answer.
+            posted.refused += 1
+            return Rejection(Reason.NOT_INVITED, "this offer invites other claimants")
         mode = self.peers.sandbox_mode(claimant)
         if mode is None and self._ask_status is not None:
             # Heartbeats are flooded only every few seconds; rather than wait for the next one, ask the claimant
@@ -112,6 +117,14 @@ class ClaimDesk:
             posted.refused += 1
             why = "no fresh heartbeat from the claimant" if mode is None else "the claimant reports sandboxMode: none"
             return Rejection(Reason.SANDBOX_UNAVAILABLE, why)
+        heartbeat = self.peers.get(claimant)
+        tiers = heartbeat.isolation if heartbeat is not None else ()
+        if not any(meets(tier, offer.min_isolation) for tier in tiers):
+            posted.refused += 1
+            return Rejection(
+                Reason.ISOLATION_INSUFFICIENT,
+                f"the offer needs {offer.min_isolation} or stronger; the claimant runs {', '.join(tiers) or 'none'}",
+            )
         live = self._live_grants(posted)
         if any(g.claimant == claimant for g in live):
             return None  # a retried claim by the same peer is the same claim

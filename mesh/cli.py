@@ -636,6 +636,12 @@ def jobs(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
 @sandbox_option
 @click.option("--wait-s", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True, help="How long to wait.")
 @click.option(
+    "--min-isolation",
+    type=click.Choice(["runc", "gvisor"]),
+    default=None,
+    help="Run only on a node whose sandbox is at least this tier (gvisor: a user-space kernel in between).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="warning",
@@ -657,6 +663,7 @@ def offer(
     memory_mb: int,
     sandbox: str,
     wait_s: float,
+    min_isolation: str | None,
     log_level: str,
 ) -> None:
     """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
@@ -698,6 +705,7 @@ def offer(
         wait_s=wait_s,
         ble_hci=ble_hci,
         ble_link_model=ble_link_model,
+        min_isolation=min_isolation,
     )
     outcome = run_command(run_offer, options)
     if outcome.refusal is not None:

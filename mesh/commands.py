@@ -166,6 +166,7 @@ class OfferOptions:
     wait_s: float
     ble_hci: str | None = None
     ble_link_model: str | None = None  # pace the radio as this preset would (virtual controllers only)
+    min_isolation: str | None = None  # the weakest sandbox tier the offer accepts (runc, gvisor)
 
 
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
@@ -188,6 +189,7 @@ async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
         limits=options.limits,
         sandbox=options.sandbox,  # type: ignore[arg-type]
         ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
+        min_isolation=options.min_isolation,
     )
     outcomes = []
     # Ctrl-C (or SIGTERM) stops advertising and drops the links cleanly, then says so as a typed refusal.
@@ -227,7 +229,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
         return await run_ble_offer(options)
     from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
     from mesh.node import MeshNode, NodeConfig, OfferOutcome
-    from mesh.offers import TaskOffer
+    from mesh.offers import Audience, TaskOffer
     from mesh.reasons import Reason, Rejection
 
     def too_large(raw: bytes) -> OfferTooLarge | None:
@@ -245,10 +247,12 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
         "limits": options.limits,
         "sandbox": options.sandbox,
         "ttl_ms": int(max(60.0, options.wait_s * 2) * 1000),
+        "min_isolation": options.min_isolation,
     }
     # Sized before anything is dialled (bootstrap peers included): the node's own addresses, which it learns only
     # once it listens, add a few hundred bytes at most, and are checked again below.
-    provisional = TaskOffer.create(options.identity, reply_to=(), **fields).sign(options.identity)
+    audience = Audience.direct(options.to.rsplit("/p2p/", 1)[-1]) if options.to else None
+    provisional = TaskOffer.create(options.identity, reply_to=(), audience=audience, **fields).sign(options.identity)
     if (error := too_large(provisional)) is not None:
         raise error
     from transports.addresses import ip_of, local_address_towards
@@ -270,7 +274,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     outcome: OfferOutcome | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with MeshNode.open(config) as node, trio.open_nursery() as nursery:
-            raw = node.make_offer(**fields)
+            raw = node.make_offer(to=options.to, **fields)
             if (error := too_large(raw)) is not None:
                 raise error
 

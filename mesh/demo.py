@@ -117,12 +117,14 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         print(f"  {'':<36} └ ran on exactly {ran} node(s); other claims refused: {outcome.claims_refused}")
         expect(outcome.ok and ran == 1, "the gossip offer runs exactly once")
 
-        direct = laptop.make_offer(language="javascript", code=FIB_JS, input={"n": 90})
+        direct = laptop.make_offer(to=nodes[-1].peer_id, language="javascript", code=FIB_JS, input={"n": 90})
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[-1].addrs[0], direct))
         _line("direct offer (javascript)", outcome, ms, names)
         expect(outcome.ok, "the direct offer runs")
 
-        whoami = laptop.make_offer(language="python", code=WHOAMI_PY, limits=Limits(timeout_ms=3000))
+        whoami = laptop.make_offer(
+            to=nodes[0].peer_id, language="python", code=WHOAMI_PY, limits=Limits(timeout_ms=3000)
+        )
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], whoami))
         _line("what the sandbox looks like", outcome, ms, names)
         expect(outcome.ok and "['lo']" in (outcome.result.result.stdout if outcome.result else ""), "only lo inside")
@@ -134,12 +136,14 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
 
         print("\nWhat the mesh refuses, and why:")
         outcome, ms = await _timed(
-            lambda: laptop.offer_direct(refuser.addrs[0], laptop.make_offer(language="python", code=SUM_PY))
+            lambda: laptop.offer_direct(
+                refuser.addrs[0], laptop.make_offer(to=refuser.peer_id, language="python", code=SUM_PY)
+            )
         )
         _line("direct offer to the no-sandbox node", outcome, ms, names, expected_refusal=True)
         expect(outcome.refusal is not None and outcome.refusal.reason == "sandbox_unavailable", "no-sandbox refuses")
 
-        host = laptop.make_offer(language="python", code="print('on the host?')", sandbox="host")
+        host = laptop.make_offer(to=nodes[0].peer_id, language="python", code="print('on the host?')", sandbox="host")
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], host))
         _line("remote offer asking for the host", outcome, ms, names, expected_refusal=True)
         expect(
@@ -147,7 +151,7 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
             "host execution is refused for remote work",
         )
 
-        tampered = bytearray(laptop.make_offer(language="python", code="print('tampered')"))
+        tampered = bytearray(laptop.make_offer(to=nodes[0].peer_id, language="python", code="print('tampered')"))
         tampered[-10] ^= 0x01
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], bytes(tampered)))
         _line("tampered offer", outcome, ms, names, expected_refusal=True)
@@ -156,6 +160,19 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[-1].addrs[0], direct))
         _line("the direct offer, replayed", outcome, ms, names, expected_refusal=True)
         expect(outcome.refusal is not None and outcome.refusal.reason == "replayed", "replays are refused")
+
+        # Anyone who heard the gossip offer could send it straight to a node: its signed audience says "claimed".
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], offer))
+        _line("the gossip offer, re-sent directly", outcome, ms, names, expected_refusal=True)
+        expect(outcome.refusal is not None and outcome.refusal.reason == "wrong_audience", "audiences are enforced")
+
+        strong = laptop.make_offer(to=nodes[0].peer_id, language="python", code="print(1)", min_isolation="gvisor")
+        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], strong))
+        _line("an offer that needs gVisor, to runc", outcome, ms, names, expected_refusal=True)
+        expect(
+            outcome.refusal is not None and outcome.refusal.reason == "isolation_insufficient",
+            "a node refuses an offer whose minimum sandbox tier it cannot meet",
+        )
 
         taken = sum(refuser.intake.admitted.values())
         forwarded = refuser.gossip.stats["offer_forwarded_not_taken"]

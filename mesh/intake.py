@@ -1,11 +1,13 @@
 """The one intake: every transport delivers here, and everything admitted is `origin=remote`.
 
 Checks run cheapest first, so that garbage costs almost nothing and only well-formed, fresh, unseen offers cost a
-signature verification: size, decode, version, clock, replay memory, signature, then the operator's policy
-(language, offerer lists, `sandbox_required_for_remote_task` for an offer that asks for the host), the sandbox gate,
-room in the queue and in the replay memory, and last the offerer's rate. Only an offer that passes all of them
-spends its id (see `mesh.replay`): a refused offer may be sent again. Every rejection is a `Rejection` with a
-reason code, counted by transport and reason.
+signature verification: size, decode, version, clock, the offer's audience (a v2 offer names the one node it was
+sent to, or is claimed, maybe only by invitees: `wrong_audience`, `not_invited`), replay memory, signature, then the
+operator's policy (language, offerer lists), `sandbox_required_for_remote_task` for an offer that asks for the
+host, the sandbox gate, the offer's minimum sandbox tier (`isolation_insufficient`), room in the queue and in the
+replay memory, and last the offerer's rate. Only an offer that passes all of them spends its id (see `mesh.replay`):
+a refused offer may be sent again. Every rejection is a `Rejection` with a reason code, counted by transport and
+reason.
 
 Admitted jobs wait in a fair queue (`mesh.fairqueue`), one lane per offerer: an offerer's flood lengthens its own
 lane only. The queue is bounded in total and per offerer; when either is full the offer is refused with `busy`,
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -28,7 +30,7 @@ from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
 from mesh.fairqueue import FairQueue
 from mesh.limits import RateLimiter
 from mesh.metrics import NodeMetrics
-from mesh.offers import ClockPolicy, ReceivedOffer, check_clock, now_ms, parse_offer
+from mesh.offers import ClockPolicy, ReceivedOffer, TaskOffer, check_clock, meets, now_ms, parse_offer
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.replay import ReplayMemory
 from transports.base import Admitted, Delivery, Verdict
@@ -149,9 +151,14 @@ class Intake:
         clock_ms: Callable[[], int] = now_ms,
         monotonic: Callable[[], float] = time.monotonic,
         replay_journal: Path | None = None,
+        peer_id: str | None = None,
+        tiers: Callable[[], Collection[str]] = lambda: ("runc",),
     ) -> None:
         self.policy = policy
         self._participating = participating
+        # This node's PeerID, which a direct offer's audience must name, and the sandbox tiers it runs now.
+        self.peer_id = peer_id
+        self._tiers = tiers
         self.metrics = metrics or NodeMetrics()
         self._clock_ms = clock_ms
         self._monotonic = monotonic
@@ -239,6 +246,9 @@ class Intake:
             raise Rejected(Reason.SHUTTING_DOWN, "the node is shutting down")
         received = self._parse(delivery.raw)
         offer = received.offer
+        # Before the replay memory: a node the offer was never meant for says so, not "replayed", even where a
+        # claimed copy of it already ran.
+        self._check_audience(offer, delivery)
         if self._replays.seen(offer.offerer, offer.offer_id):
             raise Rejected(Reason.REPLAYED, "this offer id from this offerer was already taken")
         self._verify(received)
@@ -253,6 +263,14 @@ class Intake:
             raise Rejected(Reason.SANDBOX_REQUIRED, "the offer asks for the host; remote work runs only in the sandbox")
         if not self._participating():
             raise Rejected(Reason.SANDBOX_UNAVAILABLE, "this node cannot sandbox, so it takes no remote work")
+        if offer.min_isolation is not None:
+            tiers = self._tiers()
+            if not any(meets(tier, offer.min_isolation) for tier in tiers):
+                runs = ", ".join(sorted(tiers)) or "no tier"
+                raise Rejected(
+                    Reason.ISOLATION_INSUFFICIENT,
+                    f"the offer needs {offer.min_isolation} or stronger; this node runs {runs}",
+                )
         if not self.jobs.has_room(offer.offerer):
             raise Rejected(Reason.BUSY, "the intake queue has no room for this offerer")
         if not self._replays.has_room(offer.offerer):
@@ -266,6 +284,28 @@ class Intake:
         self._pending[(offer.offerer, offer.offer_id)] = job
         self._replays.spend(offer.offerer, offer.offer_id, offer.expires_at_ms + self.policy.clock.max_skew_ms + 1)
         return received
+
+    def _check_audience(self, offer: TaskOffer, delivery: Delivery) -> None:
+        """A v2 offer runs only where its signed audience says: what stops one sent to one node, or claimed over
+        gossip, from being replayed to others directly. A v1 offer names no audience and is taken on any route."""
+        audience = offer.audience
+        if audience is None:
+            return
+        if audience.to is not None:
+            if not delivery.direct:
+                raise Rejected(
+                    Reason.WRONG_AUDIENCE, f"an offer sent directly to one node arrived by {delivery.transport}"
+                )
+            if audience.to != self.peer_id:
+                raise Rejected(Reason.WRONG_AUDIENCE, f"the offer was sent to {audience.to}, not to this node")
+            return
+        if delivery.direct:
+            raise Rejected(
+                Reason.WRONG_AUDIENCE,
+                "a claimed offer arrived on a direct stream: it runs only where its offerer grants a claim",
+            )
+        if audience.invited and self.peer_id not in audience.invited:
+            raise Rejected(Reason.NOT_INVITED, f"the offer invites {len(audience.invited)} other node(s) to claim it")
 
     def _refuse(self, transport: str, rejection: Rejection) -> Rejection:
         self.rejected[(transport, str(rejection.reason))] += 1

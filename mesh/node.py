@@ -36,7 +36,16 @@ from mesh.gate import SandboxGate, SandboxMode
 from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
 from mesh.metrics import NodeMetrics
-from mesh.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, TaskOffer, TaskResult, now_ms, open_result, parse_offer
+from mesh.offers import (
+    MAX_REPLY_ADDRS,
+    OFFER_ID_SIZE,
+    Audience,
+    TaskOffer,
+    TaskResult,
+    now_ms,
+    open_result,
+    parse_offer,
+)
 from mesh.peerid import ed25519_peer_id
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
@@ -146,6 +155,8 @@ class MeshNode:
             participating=lambda: self.gate.participating,
             metrics=self.metrics,
             replay_journal=None if state is None else state.replay_journal,
+            peer_id=config.identity.peer_id,
+            tiers=self.isolation_tiers,
         )
         self.metrics.participating.set_function(lambda: float(self.gate.participating))
         self.metrics.queue_depth.set_function(lambda: float(self.intake.queue_depth))
@@ -283,6 +294,10 @@ class MeshNode:
 
         await BleRadioTransport(radio, self.identity).run(self.intake, task_status=task_status)
 
+    def isolation_tiers(self) -> frozenset[str]:
+        """The sandbox tiers this node runs offers under right now: none while its gate is closed."""
+        return frozenset((self.config.isolation,)) if self.gate.participating else frozenset()
+
     def heartbeat(self) -> dict[str, Any]:
         stats = self.executor.stats() if self.executor is not None else None
         free = 0 if stats is None or not self.gate.participating else max(0, stats.free_slots)
@@ -291,6 +306,7 @@ class MeshNode:
             "sandboxMode": self.gate.reported_mode,
             "freeSlots": free,
             "languages": sorted(self.config.intake_policy.languages),
+            "isolation": sorted(self.isolation_tiers()),
             "addrs": list(self.p2p.addrs),
         }
 
@@ -451,10 +467,18 @@ class MeshNode:
             return True
         return False
 
-    def make_offer(self, **fields: Any) -> bytes:
-        """A signed offer from this node, replying to its own listen addresses."""
+    def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
+        """A signed offer from this node, replying to its own addresses.
+
+        `to` (a PeerID, or a multiaddr ending in /p2p/<PeerID>) makes it a direct offer that only that node runs;
+        otherwise it is claimed, by `invite`d PeerIDs only when given.
+        """
         # What peers can reach: announced, expanded and relayed addresses, direct ones first.
         fields.setdefault("reply_to", tuple(self.p2p.addrs[:MAX_REPLY_ADDRS]))
+        if to is not None:
+            fields["audience"] = Audience.direct(to.rsplit("/p2p/", 1)[-1])
+        elif invite:
+            fields["audience"] = Audience.claimed(list(invite))
         return TaskOffer.create(self.identity, **fields).sign(self.identity)
 
     async def offer_direct(self, peer: str, raw: bytes) -> OfferOutcome:

@@ -2,6 +2,11 @@
 
 An offer never carries an origin: origin is what the receiving intake decides. An offer may ask for `host`, so that
 the executor can be seen to refuse it.
+
+Offers are version 2: a v1 offer plus the signed `audience` (who may run it: one node it was sent to directly, or
+whoever the offerer grants a claim to, optionally only among named invitees) and `minIsolation` (the weakest sandbox
+tier the offerer accepts). Version 1 offers are still accepted, with no audience (any transport) and no minimum.
+Results stay version 1.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open
 from mesh.identity import PUBLIC_KEY_SIZE, NodeIdentity
 from mesh.reasons import Reason, Rejected
 
-PROTOCOL_VERSION = 1
+OFFER_VERSION = 2
+OFFER_VERSIONS = (1, 2)
+RESULT_VERSION = 1
 OFFER_ID_SIZE = 16
 DIGEST_SIZE = 32
 MAX_CODE_CHARS = 128 * 1024
 MAX_OUTPUT_CHARS = 96 * 1024  # room for the executor's 64 KiB byte cap after utf-8 replacement
 MAX_REPLY_ADDRS = 8
 MAX_ADDR_CHARS = 256
+MAX_INVITEES = 8
+MAX_PEER_ID_CHARS = 64
+# The sandbox tiers, weakest first: an offer's `minIsolation` is met by its own tier and any after it.
+ISOLATION_TIERS = ("runc", "gvisor")
 # Two 64 KiB output streams can triple in size as utf-8 once invalid bytes become U+FFFD, so results get more room.
 MAX_RESULT_BYTES = 512 * 1024
 
@@ -42,6 +53,7 @@ _OFFER_FIELDS = frozenset(
         "replyTo",
     }
 )
+_OFFER_FIELDS_V2 = _OFFER_FIELDS | {"audience", "minIsolation"}
 _LIMIT_FIELDS = frozenset({"timeoutMs", "memoryMb", "milliCpus"})
 _RESULT_FIELDS = frozenset(
     {
@@ -69,6 +81,66 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def meets(tier: str, minimum: str | None) -> bool:
+    """Whether sandbox tier `tier` is at least `minimum` (None: any tier)."""
+    return minimum is None or (
+        tier in ISOLATION_TIERS and ISOLATION_TIERS.index(tier) >= ISOLATION_TIERS.index(minimum)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Audience:
+    """Who may run an offer, signed into it, so that it cannot be replayed to anyone else.
+
+    - `to`: sent directly to this one PeerID; only that node runs it, and only when the offer reached it directly.
+    - otherwise claimed: it runs where the offerer grants a claim (gossip, BLE, a coordinator's lease), never when
+      it arrives on a direct stream. `invited` non-empty: only these PeerIDs may claim it (the rest refuse it at
+      once, `not_invited`), so that claims per offer do not grow with the mesh.
+    """
+
+    to: str | None = None
+    invited: tuple[str, ...] = ()
+
+    @classmethod
+    def direct(cls, peer_id: str) -> Audience:
+        return cls(to=peer_id)
+
+    @classmethod
+    def claimed(cls, invited: tuple[str, ...] | list[str] = ()) -> Audience:
+        if len(invited) > MAX_INVITEES:
+            raise ValueError(f"an offer invites at most {MAX_INVITEES} claimants")
+        return cls(invited=tuple(invited))
+
+    @property
+    def is_direct(self) -> bool:
+        return self.to is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"to": self.to} if self.to is not None else {"claim": list(self.invited)}
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> Audience:
+        f = Fields(value, frozenset({"to", "claim"}), "offer.audience")
+        if len(value) != 1:
+            raise Rejected(Reason.MALFORMED, "offer.audience: exactly one of 'to' or 'claim'")
+        if "to" in value:
+            return cls(to=_peer_id_text(f.text("to", MAX_PEER_ID_CHARS), "offer.audience.to"))
+        invited = f.str_list("claim", MAX_INVITEES, MAX_PEER_ID_CHARS)
+        if len(set(invited)) != len(invited):
+            raise Rejected(Reason.MALFORMED, "offer.audience.claim names a PeerID twice")
+        return cls(invited=tuple(_peer_id_text(p, "offer.audience.claim") for p in invited))
+
+
+def _peer_id_text(text: str, where: str) -> str:
+    """A base58btc PeerID (no libp2p import: the codec must stay light). Its key is checked where it matters."""
+    if not 40 <= len(text) <= MAX_PEER_ID_CHARS or not set(text) <= _BASE58:
+        raise Rejected(Reason.MALFORMED, f"{where}: {text[:64]!r} is not a PeerID")
+    return text
+
+
+_BASE58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+
+
 @dataclass(frozen=True, slots=True)
 class ClockPolicy:
     max_ttl_ms: int = 10 * 60 * 1000
@@ -88,7 +160,11 @@ class TaskOffer:
     sandbox: SandboxKind = "docker"
     # Multiaddrs where the offerer takes claims and results. Empty when the reply rides the delivering link (BLE).
     reply_to: tuple[str, ...] = ()
-    version: int = PROTOCOL_VERSION
+    # v2: who may run it; None only on a v1 offer (any transport, no claim needed beyond the transport's own).
+    audience: Audience | None = field(default_factory=Audience)
+    # v2: the weakest sandbox tier the offerer accepts; None is any.
+    min_isolation: str | None = None
+    version: int = OFFER_VERSION
 
     @classmethod
     def create(
@@ -103,7 +179,12 @@ class TaskOffer:
         ttl_ms: int = 60_000,
         reply_to: tuple[str, ...] = (),
         issued_at_ms: int | None = None,
+        audience: Audience | None = None,
+        min_isolation: str | None = None,
     ) -> TaskOffer:
+        """A version 2 offer; `audience` defaults to claimed by anyone (gossip, BLE, a coordinator)."""
+        if min_isolation is not None and min_isolation not in ISOLATION_TIERS:
+            raise ValueError(f"minIsolation must be one of {ISOLATION_TIERS}")
         issued = now_ms() if issued_at_ms is None else issued_at_ms
         return cls(
             offer_id=os.urandom(OFFER_ID_SIZE),
@@ -116,6 +197,8 @@ class TaskOffer:
             limits=limits or Limits(),
             sandbox=sandbox,
             reply_to=tuple(reply_to),
+            audience=audience or Audience(),
+            min_isolation=min_isolation,
         )
 
     def to_wire_fields(self) -> dict[str, Any]:
@@ -135,11 +218,21 @@ class TaskOffer:
             },
             "sandbox": self.sandbox,
             "replyTo": list(self.reply_to),
+            **(
+                {}
+                if self.version == 1
+                else {
+                    "audience": (self.audience or Audience()).to_wire(),
+                    "minIsolation": self.min_isolation,
+                }
+            ),
         }
 
     def sign(self, identity: NodeIdentity) -> bytes:
         if identity.public_key != self.offerer:
             raise ValueError("an offer is signed by its offerer")
+        if self.version == 1 and (self.audience is not None or self.min_isolation is not None):
+            raise ValueError("a version 1 offer carries no audience and no minIsolation")
         return seal(Domain.OFFER, self.to_wire_fields(), identity)
 
 
@@ -159,20 +252,21 @@ class ReceivedOffer:
         return self.envelope.signature_valid(self.offer.offerer)
 
 
-def _require_version(envelope: Envelope, what: str) -> int:
+def _require_version(envelope: Envelope, what: str, versions: tuple[int, ...]) -> int:
     """The version is read before the shape: a newer version may well have another shape."""
     version = envelope.fields.get("version")
     if type(version) is not int:
         raise Rejected(Reason.MALFORMED, f"{what}: 'version' must be an integer")
-    if version != PROTOCOL_VERSION:
-        raise Rejected(Reason.UNSUPPORTED_VERSION, f"{what} version {version}; this node speaks {PROTOCOL_VERSION}")
+    if version not in versions:
+        spoken = " and ".join(str(v) for v in versions)
+        raise Rejected(Reason.UNSUPPORTED_VERSION, f"{what} version {version}; this node speaks {spoken}")
     return version
 
 
 def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> ReceivedOffer:
     envelope = open_envelope(Domain.OFFER, raw, max_size=max_size)
-    version = _require_version(envelope, "offer")
-    f = Fields(envelope.fields, _OFFER_FIELDS, "offer")
+    version = _require_version(envelope, "offer", OFFER_VERSIONS)
+    f = Fields(envelope.fields, _OFFER_FIELDS if version == 1 else _OFFER_FIELDS_V2, "offer")
     lf = Fields(f.map("limits"), _LIMIT_FIELDS, "offer.limits")
     limits = Limits(
         timeout_ms=lf.integer("timeoutMs", 1, 24 * 3600 * 1000),
@@ -191,6 +285,8 @@ def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> Rec
         limits=limits,
         sandbox=f.text("sandbox", 16, choices=SANDBOXES),  # type: ignore[arg-type]
         reply_to=f.str_list("replyTo", MAX_REPLY_ADDRS, MAX_ADDR_CHARS),
+        audience=None if version == 1 else Audience.from_wire(f.map("audience")),
+        min_isolation=None if version == 1 else f.opt_text("minIsolation", 16, choices=ISOLATION_TIERS),
     )
     if offer.expires_at_ms <= offer.issued_at_ms:
         raise Rejected(Reason.MALFORMED, "offer expires before it is issued")
@@ -232,7 +328,7 @@ class TaskResult:
     executor: bytes
     result: ExecResult
     completed_at_ms: int = field(default_factory=now_ms)
-    version: int = PROTOCOL_VERSION
+    version: int = RESULT_VERSION
 
     def to_wire_fields(self) -> dict[str, Any]:
         r = self.result.to_json()
@@ -262,7 +358,7 @@ class TaskResult:
 def open_result(raw: bytes, *, expect_executor: bytes | None = None, max_size: int = MAX_RESULT_BYTES) -> TaskResult:
     """Decode and verify a result. With `expect_executor`, the result must come from that key (the claimant)."""
     envelope = open_envelope(Domain.RESULT, raw, max_size=max_size)
-    version = _require_version(envelope, "result")
+    version = _require_version(envelope, "result", (RESULT_VERSION,))
     f = Fields(envelope.fields, _RESULT_FIELDS, "result")
     kind = f.opt_text("errorKind", 32, choices=_ERROR_KINDS)
     result = TaskResult(

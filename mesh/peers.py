@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SANDBOX_MODES = ("docker", "none")
+MAX_TIERS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,8 @@ class Heartbeat:
     languages: tuple[str, ...]
     addrs: tuple[str, ...]
     seen_at: float
+    # The sandbox tiers it runs offers under (`runc`, `gvisor`). A node from before tiers says nothing: runc.
+    isolation: tuple[str, ...] = ("runc",)
 
     @classmethod
     def parse(cls, peer_id: str, data: Any, seen_at: float) -> Heartbeat | None:
@@ -33,7 +36,10 @@ class Heartbeat:
             return None
         if not isinstance(addrs, list) or not all(isinstance(x, str) and len(x) < 256 for x in addrs[:8]):
             return None
-        return cls(peer_id, mode, slots, tuple(languages[:8]), tuple(addrs[:8]), seen_at)
+        tiers = data.get("isolation", ["runc"] if mode == "docker" else [])
+        if not isinstance(tiers, list) or not all(isinstance(x, str) and len(x) <= 16 for x in tiers[:MAX_TIERS]):
+            return None
+        return cls(peer_id, mode, slots, tuple(languages[:8]), tuple(addrs[:8]), seen_at, tuple(tiers[:MAX_TIERS]))
 
 
 class PeerDirectory:

@@ -22,6 +22,10 @@ class Reason(enum.StrEnum):
     OFFERER_DENIED = "offerer_denied"
     SANDBOX_REQUIRED = "sandbox_required_for_remote_task"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    # v2 offers: who may run it, and on what sandbox tier.
+    WRONG_AUDIENCE = "wrong_audience"  # sent to another node, or came by a route its audience rules out
+    NOT_INVITED = "not_invited"  # a claimed offer that invites only others
+    ISOLATION_INSUFFICIENT = "isolation_insufficient"  # the offer needs a stronger sandbox tier than this node's
     BUSY = "busy"
     SHUTTING_DOWN = "shutting_down"
     # Claims and results.

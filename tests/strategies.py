@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from executor.contract import ErrorKind, ExecResult, Limits
 from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer
+from mesh.offers import ISOLATION_TIERS, MAX_INVITEES, Audience, TaskOffer
+from mesh.peerid import ed25519_peer_id
 
 NOW = 1_800_000_000_000  # a fixed clock for the tests: 2027-01-15
 
@@ -30,9 +31,17 @@ limits = st.builds(
 )
 
 
+peer_ids = st.binary(min_size=32, max_size=32).map(ed25519_peer_id)
+audiences = st.builds(Audience.direct, peer_ids) | st.builds(
+    Audience.claimed, st.lists(peer_ids, max_size=MAX_INVITEES, unique=True)
+)
+
+
 @st.composite
 def offers(draw: st.DrawFn, offerer: NodeIdentity = OFFERER) -> TaskOffer:
+    """Version 1 and version 2 offers: v2 with any audience and minimum tier."""
     issued = draw(st.integers(NOW - 60_000, NOW + 1_000))
+    version = draw(st.sampled_from([1, 2]))
     return TaskOffer(
         offer_id=draw(st.binary(min_size=16, max_size=16)),
         offerer=offerer.public_key,
@@ -44,6 +53,9 @@ def offers(draw: st.DrawFn, offerer: NodeIdentity = OFFERER) -> TaskOffer:
         limits=draw(limits),
         sandbox=draw(st.sampled_from(["docker", "host"])),
         reply_to=tuple(draw(st.lists(st.text(max_size=40), max_size=3))),
+        version=version,
+        audience=None if version == 1 else draw(audiences),
+        min_isolation=None if version == 1 else draw(st.none() | st.sampled_from(ISOLATION_TIERS)),
     )
 
 

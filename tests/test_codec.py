@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgpack
 import pytest
@@ -93,7 +94,7 @@ def test_the_signature_covers_every_field(offer: TaskOffer, data: st.DataObject)
     signature = signed[1]
     fields = offer.to_wire_fields()
     name = data.draw(st.sampled_from(sorted(fields)))
-    replacement = {
+    replacement: Any = {
         "version": 1,
         "offerId": b"\xee" * 16,
         "offerer": OFFERER.public_key,
@@ -105,6 +106,8 @@ def test_the_signature_covers_every_field(offer: TaskOffer, data: st.DataObject)
         "limits": {**fields["limits"], "memoryMb": fields["limits"]["memoryMb"] + 1},
         "sandbox": "host" if fields["sandbox"] == "docker" else "docker",
         "replyTo": [*fields["replyTo"], "/ip4/127.0.0.1/tcp/1"],
+        "audience": {"to": OFFERER.peer_id} if "claim" in fields.get("audience", {}) else {"claim": list[str]()},
+        "minIsolation": "runc" if fields.get("minIsolation") is None else None,
     }[name]
     if name in ("version", "offerer"):  # changing these is rejected before the signature, as it must be
         return
@@ -113,7 +116,7 @@ def test_the_signature_covers_every_field(offer: TaskOffer, data: st.DataObject)
 
 
 def test_version_is_checked_before_anything_else_in_the_body() -> None:
-    raw = seal(Domain.OFFER, {"version": 2, "whatever": "the v2 shape is"}, OFFERER)
+    raw = seal(Domain.OFFER, {"version": 3, "whatever": "the v3 shape is"}, OFFERER)
     assert reason_of(raw) == Reason.UNSUPPORTED_VERSION
 
 

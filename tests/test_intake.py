@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mesh.codec import pack
 from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
-from mesh.offers import TaskOffer
+from mesh.offers import Audience, TaskOffer
 from mesh.reasons import Reason, Rejection
 from tests.strategies import NOW, OFFERER, offers
 from transports.base import Admitted, Delivery
@@ -26,8 +26,9 @@ async def _no_reply(_: bytes) -> None:
     return None
 
 
-def delivery(raw: bytes, transport: str = "direct") -> Delivery:
-    return Delivery(raw=raw, transport=transport, sender="12D3KooWtest", reply=_no_reply)
+def delivery(raw: bytes, transport: str = "gossip") -> Delivery:
+    # As the transports do: only the direct protocol delivers offers addressed to this node.
+    return Delivery(raw=raw, transport=transport, sender="12D3KooWtest", reply=_no_reply, direct=transport == "direct")
 
 
 class Clock:
@@ -38,9 +39,21 @@ class Clock:
         return self.t
 
 
-def make_intake(participating: bool = True, **policy: Any) -> tuple[Intake, Clock]:
+ME = NodeIdentity(bytes(range(200, 232))).peer_id
+
+
+def make_intake(
+    participating: bool = True, *, peer_id: str = ME, tiers: tuple[str, ...] = ("runc",), **policy: Any
+) -> tuple[Intake, Clock]:
     clock = Clock()
-    intake = Intake(IntakePolicy(**policy), participating=lambda: participating, clock_ms=lambda: NOW, monotonic=clock)
+    intake = Intake(
+        IntakePolicy(**policy),
+        participating=lambda: participating,
+        clock_ms=lambda: NOW,
+        monotonic=clock,
+        peer_id=peer_id,
+        tiers=lambda: tiers,
+    )
     return intake, clock
 
 
@@ -54,7 +67,7 @@ def run(fn: Callable[[], Any]) -> Any:
     return trio.run(fn)
 
 
-def deliver(intake: Intake, raw: bytes, transport: str = "direct") -> Admitted | Rejection:
+def deliver(intake: Intake, raw: bytes, transport: str = "gossip") -> Admitted | Rejection:
     async def go() -> Admitted | Rejection:
         return await intake.deliver(delivery(raw, transport))
 
@@ -66,13 +79,44 @@ def reason(verdict: object) -> Reason:
     return verdict.reason
 
 
-@settings(max_examples=50)
-@given(offers())
-def test_admitted_offers_are_remote_whatever_they_say(task: TaskOffer) -> None:
-    intake, _ = make_intake()
-    verdict = deliver(intake, task.sign(OFFERER))
+def expected_route_refusal(task: TaskOffer, transport: str, me: str, tiers: tuple[str, ...]) -> Reason | None:
+    """What the audience, the sandbox kind and the tier say of this offer reaching `me` by `transport`."""
+    audience = task.audience
+    if audience is not None:
+        if audience.to is not None and (transport != "direct" or audience.to != me):
+            return Reason.WRONG_AUDIENCE
+        if audience.to is None and transport == "direct":
+            return Reason.WRONG_AUDIENCE
+        if audience.to is None and audience.invited and me not in audience.invited:
+            return Reason.NOT_INVITED
     if task.sandbox == "host":  # refused at the intake, before any claim could be taken
-        assert reason(verdict) == Reason.SANDBOX_REQUIRED
+        return Reason.SANDBOX_REQUIRED
+    if task.min_isolation == "gvisor" and "gvisor" not in tiers:
+        return Reason.ISOLATION_INSUFFICIENT
+    return None
+
+
+@settings(max_examples=100)
+@given(
+    offers(),
+    st.sampled_from(["direct", "gossip", "ble", "coordinator"]),
+    st.sampled_from([("runc",), ("gvisor",), ("runc", "gvisor")]),
+    st.booleans(),
+)
+def test_admitted_offers_are_remote_and_run_only_where_their_audience_says(
+    task: TaskOffer, transport: str, tiers: tuple[str, ...], addressed: bool
+) -> None:
+    """Whatever the offer says it is `origin=remote`; it is admitted only by the node its audience names, only on
+    the route its audience allows (a v1 offer names none), and only where its minimum tier is met."""
+    audience = task.audience
+    me = ME
+    if addressed and audience is not None:  # this node is the one it was sent to, or an invitee
+        me = audience.to or (audience.invited[0] if audience.invited else ME)
+    intake, _ = make_intake(peer_id=me, tiers=tiers)
+    verdict = deliver(intake, task.sign(OFFERER), transport)
+    expected = expected_route_refusal(task, transport, me, tiers)
+    if expected is not None:
+        assert reason(verdict) == expected
         return
     if isinstance(verdict, Rejection):  # otherwise only the clock may refuse a generated offer
         assert verdict.reason in (Reason.EXPIRED, Reason.TTL_TOO_LONG)
@@ -119,6 +163,9 @@ def test_every_rejection_path_has_its_reason_and_is_counted() -> None:
         Reason.LANGUAGE_NOT_ALLOWED: offer(language="javascript"),
         Reason.OFFERER_DENIED: offer(OTHER),
         Reason.SANDBOX_REQUIRED: offer(sandbox="host"),
+        Reason.WRONG_AUDIENCE: offer(audience=Audience.direct(OTHER.peer_id)),
+        Reason.NOT_INVITED: offer(audience=Audience.claimed([OTHER.peer_id])),
+        Reason.ISOLATION_INSUFFICIENT: offer(min_isolation="gvisor"),
     }
     for expected, raw in cases.items():
         assert reason(deliver(intake, raw, "gossip")) == expected, expected
@@ -126,7 +173,7 @@ def test_every_rejection_path_has_its_reason_and_is_counted() -> None:
     assert isinstance(deliver(intake, good), Admitted)
     assert reason(deliver(intake, good)) == Reason.REPLAYED
     text = intake.metrics.exposition().decode()
-    assert 'edgecoder_offers_rejected_total{reason="replayed",transport="direct"} 1.0' in text
+    assert 'edgecoder_offers_rejected_total{reason="replayed",transport="gossip"} 1.0' in text
 
 
 def test_allow_list() -> None:
@@ -217,7 +264,7 @@ def test_a_flooding_offerer_is_rate_limited_while_another_is_served() -> None:
     intake, clock = make_intake(rate_per_offerer=2, burst_per_offerer=5, queue_size=1000)
     flood = [deliver(intake, offer()) for _ in range(50)]
     assert sum(isinstance(v, Admitted) for v in flood) == 5
-    assert intake.rejected[("direct", "rate_limited")] == 45
+    assert intake.rejected[("gossip", "rate_limited")] == 45
     assert isinstance(deliver(intake, offer(OTHER)), Admitted)
     clock.t += 1.0  # two more tokens a second
     assert [isinstance(deliver(intake, offer()), Admitted) for _ in range(3)] == [True, True, False]
@@ -267,3 +314,44 @@ def test_a_closed_intake_refuses_with_shutting_down() -> None:
     intake, _ = make_intake()
     intake.close()
     assert reason(deliver(intake, offer())) == Reason.SHUTTING_DOWN
+
+
+def test_a_direct_offer_runs_only_on_the_node_it_names_and_only_when_sent_directly() -> None:
+    intake, _ = make_intake()
+    to_me = offer(audience=Audience.direct(ME))
+    assert reason(deliver(intake, to_me, "gossip")) == Reason.WRONG_AUDIENCE  # heard, not sent to us
+    assert reason(deliver(intake, offer(audience=Audience.direct(OTHER.peer_id)), "direct")) == Reason.WRONG_AUDIENCE
+    assert isinstance(deliver(intake, to_me, "direct"), Admitted)  # refused above without spending its id
+
+
+def test_a_claimed_offer_re_sent_directly_is_refused_and_can_still_be_claimed() -> None:
+    """The attack of issue 11: a gossip offer sent straight to another node ran there without any claim."""
+    intake, _ = make_intake()
+    claimed = offer()
+    assert reason(deliver(intake, claimed, "direct")) == Reason.WRONG_AUDIENCE
+    assert isinstance(deliver(intake, claimed, "gossip"), Admitted)
+
+
+def test_an_offer_for_invitees_is_claimed_only_by_them() -> None:
+    invited, outsider = make_intake()[0], make_intake(peer_id=OTHER.peer_id)[0]
+    raw = offer(audience=Audience.claimed([ME]))
+    assert reason(deliver(outsider, raw)) == Reason.NOT_INVITED
+    assert isinstance(deliver(invited, raw), Admitted)
+
+
+def test_a_minimum_tier_is_met_by_that_tier_or_a_stronger_one_and_a_closed_gate_runs_none() -> None:
+    needs_gvisor, needs_runc = offer(min_isolation="gvisor"), offer(min_isolation="runc")
+    assert reason(deliver(make_intake(tiers=("runc",))[0], needs_gvisor)) == Reason.ISOLATION_INSUFFICIENT
+    assert isinstance(deliver(make_intake(tiers=("gvisor",))[0], needs_gvisor), Admitted)
+    assert isinstance(deliver(make_intake(tiers=("gvisor",))[0], needs_runc), Admitted)
+    assert reason(deliver(make_intake(tiers=())[0], needs_runc)) == Reason.ISOLATION_INSUFFICIENT
+
+
+def test_a_version_1_offer_is_still_taken_on_any_route() -> None:
+    import dataclasses
+
+    v1 = dataclasses.replace(
+        TaskOffer.create(OFFERER, language="python", code="print(1)", issued_at_ms=NOW), version=1, audience=None
+    ).sign(OFFERER)
+    assert isinstance(deliver(make_intake()[0], v1, "direct"), Admitted)
+    assert isinstance(deliver(make_intake()[0], v1, "gossip"), Admitted)

@@ -10,7 +10,7 @@ import trio
 from executor.contract import ErrorKind, Limits, QueueReason
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode
-from mesh.offers import TaskOffer
+from mesh.offers import Audience, TaskOffer
 from tests.conftest import containers_of
 from tests.docker_support import sandbox_policy, wait_pool_ready
 from tests.test_node_mesh import mesh, offer_id, run
@@ -32,20 +32,23 @@ async def wait_for(predicate: Any, *, timeout: float = 30.0, what: str = "condit
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def honest_offer() -> bytes:
+def honest_offer(to: str) -> bytes:
     other = NodeIdentity.generate()
-    return TaskOffer.create(other, language="python", code="print('still serving')").sign(other)
+    offer = TaskOffer.create(other, language="python", code="print('still serving')", audience=Audience.direct(to))
+    return offer.sign(other)
 
 
 def test_the_nested_code_offer_does_not_kill_the_node_and_an_honest_offerer_is_still_served() -> None:
     async def main() -> None:
         async with mesh(runners=1) as m:
             offerer, node = m["offerer"], m["nodes"][0]
-            direct = await offerer.offer_direct(node.addrs[0], offerer.make_offer(language="python", code=NESTED))
+            direct = await offerer.offer_direct(
+                node.addrs[0], offerer.make_offer(to=node.peer_id, language="python", code=NESTED)
+            )
             assert direct.result is not None and not direct.result.result.ok  # a signed, typed answer
             gossip = await offerer.offer_gossip(offerer.make_offer(language="python", code=NESTED), timeout=20)
             assert gossip.result is not None and not gossip.result.result.ok
-            served = await offerer.offer_direct(node.addrs[0], honest_offer())
+            served = await offerer.offer_direct(node.addrs[0], honest_offer(node.peer_id))
             assert served.ok and served.result is not None and served.result.result.stdout == "still serving\n"
 
     run(main)
@@ -69,7 +72,9 @@ def test_a_failure_inside_one_job_is_answered_and_counted_and_the_worker_takes_t
                 return await real_run(*args, **kwargs)
 
             node.executor.run_code = failing_once
-            first = await offerer.offer_direct(node.addrs[0], offerer.make_offer(language="python", code="print(1)"))
+            first = await offerer.offer_direct(
+                node.addrs[0], offerer.make_offer(to=node.peer_id, language="python", code="print(1)")
+            )
             assert first.result is not None
             result = first.result.result
             assert (result.ok, result.error_kind, result.queue_reason) == (
@@ -79,7 +84,7 @@ def test_a_failure_inside_one_job_is_answered_and_counted_and_the_worker_takes_t
             )
             assert "RuntimeError" in result.stderr and "injected fault" not in result.stderr  # no internals leak
             assert "edgecoder_job_failures_total 1.0" in node.metrics.exposition().decode()
-            assert (await offerer.offer_direct(node.addrs[0], honest_offer())).ok
+            assert (await offerer.offer_direct(node.addrs[0], honest_offer(node.peer_id))).ok
 
     run(main)
 
@@ -95,7 +100,7 @@ def test_an_offerer_that_stops_waiting_aborts_its_run_and_the_container_goes(doc
             offerer, node = m["offerer"], m["nodes"][0]
             assert node.executor is not None
             await wait_pool_ready(node.executor)
-            raw = offerer.make_offer(language="python", code=SLEEPER, limits=Limits(timeout_ms=30_000))
+            raw = offerer.make_offer(to=node.peer_id, language="python", code=SLEEPER, limits=Limits(timeout_ms=30_000))
             async with trio.open_nursery() as nursery:
                 scope = trio.CancelScope()
 
@@ -125,7 +130,7 @@ def test_an_offerer_whose_stream_resets_aborts_its_run() -> None:
         async with mesh(runners=1) as m:
             offerer, node = m["offerer"], m["nodes"][0]
             assert node.executor is not None
-            raw = offerer.make_offer(language="python", code=SLEEPER, limits=Limits(timeout_ms=30_000))
+            raw = offerer.make_offer(to=node.peer_id, language="python", code=SLEEPER, limits=Limits(timeout_ms=30_000))
             peer = await offerer.p2p.connect(node.addrs[0])
             stream = await offerer.p2p.open_stream(peer, OFFER_PROTOCOL)
             await write_frame(stream, raw)
@@ -142,8 +147,8 @@ def test_a_queued_job_whose_offerer_left_never_runs() -> None:
         async with mesh(runners=1, executor_policy=sandbox_policy(max_concurrent=1)) as m:
             offerer, node = m["offerer"], m["nodes"][0]
             assert node.executor is not None
-            blocker = offerer.make_offer(language="python", code="import time; time.sleep(3)")
-            queued = offerer.make_offer(language="python", code="print('never')")
+            blocker = offerer.make_offer(to=node.peer_id, language="python", code="import time; time.sleep(3)")
+            queued = offerer.make_offer(to=node.peer_id, language="python", code="print('never')")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(offerer.offer_direct, node.addrs[0], blocker)
                 await wait_for(lambda: node.executor.stats().runs_in_flight == 1, what="the blocker to run")

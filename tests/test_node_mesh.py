@@ -13,7 +13,7 @@ from executor.contract import SANDBOX_REQUIRED, Limits
 from mesh.codec import Domain, pack, seal
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.offers import TaskOffer, parse_offer
+from mesh.offers import Audience, TaskOffer, parse_offer
 from mesh.reasons import Reason
 from simulations.docker_relay import open_relays
 from tests.conftest import containers_of
@@ -81,15 +81,15 @@ def test_a_direct_offer_works_end_to_end_in_both_languages() -> None:
         async with mesh(runners=1) as m:
             offerer, node = m["offerer"], m["nodes"][0]
             py = await offerer.offer_direct(
-                node.addrs[0], offerer.make_offer(language="python", code=SUM, input={"xs": [5, 6]})
+                node.addrs[0], offerer.make_offer(to=node.peer_id, language="python", code=SUM, input={"xs": [5, 6]})
             )
             assert py.result is not None and py.result.result.stdout == "11\n"
             js = await offerer.offer_direct(
-                node.addrs[0], offerer.make_offer(language="javascript", code="console.log(6 * 7)")
+                node.addrs[0], offerer.make_offer(to=node.peer_id, language="javascript", code="console.log(6 * 7)")
             )
             assert js.result is not None and js.result.result.stdout == "42\n"
             failing = await offerer.offer_direct(
-                node.addrs[0], offerer.make_offer(language="python", code="import sys; sys.exit(3)")
+                node.addrs[0], offerer.make_offer(to=node.peer_id, language="python", code="import sys; sys.exit(3)")
             )
             assert failing.result is not None
             assert (failing.result.result.ok, failing.result.result.exit_code) == (False, 3)
@@ -104,13 +104,18 @@ def test_forged_tampered_replayed_and_expired_offers_are_rejected_with_their_rea
             offerer: MeshNode = m["offerer"]
             target = m["nodes"][1]
             impostor = NodeIdentity.generate()
-            good = offerer.make_offer(language="python", code="print(1)")
+            good = offerer.make_offer(to=target.peer_id, language="python", code="print(1)")
             tampered = bytearray(good)
             tampered[-5] ^= 0x40
             # The offerer field names the offerer, but someone else signed it.
             forged = seal(Domain.OFFER, parse_offer(good).offer.to_wire_fields(), impostor)
             expired = TaskOffer.create(
-                offerer.identity, language="python", code="print(1)", issued_at_ms=1_000_000, ttl_ms=60_000
+                offerer.identity,
+                language="python",
+                code="print(1)",
+                issued_at_ms=1_000_000,
+                ttl_ms=60_000,
+                audience=Audience.direct(target.peer_id),
             ).sign(offerer.identity)
             cases = {Reason.BAD_SIGNATURE: [bytes(tampered), forged], Reason.EXPIRED: [expired]}
             for reason, raws in cases.items():
@@ -144,7 +149,9 @@ def test_a_remote_offer_asking_for_the_host_is_refused_without_a_container(docke
             label = node.peer_id
             await wait_pool_ready(node.executor)
             before = containers_of(docker_api, label)
-            raw = offerer.make_offer(language="python", code="import os; os.system('touch /tmp/pwned')", sandbox="host")
+            raw = offerer.make_offer(
+                to=node.peer_id, language="python", code="import os; os.system('touch /tmp/pwned')", sandbox="host"
+            )
             outcome = await offerer.offer_direct(node.addrs[0], raw)
             # Refused by the intake, before any queue place, claim or container: the same code the executor puts
             # in stderr when asked directly (`run_code`), and the offer id is not spent.
@@ -170,7 +177,7 @@ def test_a_sandbox_mode_none_node_never_receives_claims_or_runs_while_its_heartb
                 )
                 assert outcome.ok
             direct = await offerer.offer_direct(
-                refuser.addrs[0], offerer.make_offer(language="python", code="print(1)")
+                refuser.addrs[0], offerer.make_offer(to=refuser.peer_id, language="python", code="print(1)")
             )
             assert direct.refusal is not None and direct.refusal.reason == Reason.SANDBOX_UNAVAILABLE
             assert not refuser.ran and sum(refuser.intake.admitted.values()) == 0
@@ -195,7 +202,9 @@ def test_a_flooding_offerer_is_refused_and_another_is_still_served() -> None:
             async with trio.open_nursery() as nursery:
 
                 async def send(i: int) -> None:
-                    raw = flooder.make_offer(language="python", code=f"print({i})", limits=Limits(timeout_ms=2000))
+                    raw = flooder.make_offer(
+                        to=node.peer_id, language="python", code=f"print({i})", limits=Limits(timeout_ms=2000)
+                    )
                     outcome = await flooder.offer_direct(node.addrs[0], raw)
                     reasons.append(outcome.refusal.reason if outcome.refusal else "ok")
 
@@ -206,7 +215,9 @@ def test_a_flooding_offerer_is_refused_and_another_is_still_served() -> None:
             for why in (Reason.BUSY, Reason.RATE_LIMITED):
                 assert node.intake.rejected[("direct", str(why))] == reasons.count(why)
             other = NodeIdentity.generate()
-            raw = TaskOffer.create(other, language="python", code="print('served')").sign(other)
+            raw = TaskOffer.create(
+                other, language="python", code="print('served')", audience=Audience.direct(node.peer_id)
+            ).sign(other)
             outcome = await flooder.offer_direct(node.addrs[0], raw)
             assert outcome.ok, outcome.refusal
 
@@ -222,7 +233,9 @@ def test_garbage_on_the_direct_stream_is_refused_and_the_node_keeps_serving() ->
                 assert outcome.refusal is not None
                 assert outcome.refusal.reason in (Reason.MALFORMED, Reason.UNSUPPORTED_VERSION)
             assert (
-                await offerer.offer_direct(node.addrs[0], offerer.make_offer(language="python", code="print(1)"))
+                await offerer.offer_direct(
+                    node.addrs[0], offerer.make_offer(to=node.peer_id, language="python", code="print(1)")
+                )
             ).ok
 
     run(main)
@@ -251,7 +264,7 @@ def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_pa
                 assert not flaky.intake.participating  # every transport follows it: gossip hands it nothing
                 assert flaky.gate.reported_mode == "none"
                 refused = await offerer.offer_direct(
-                    flaky.addrs[0], offerer.make_offer(language="python", code="print(1)")
+                    flaky.addrs[0], offerer.make_offer(to=flaky.peer_id, language="python", code="print(1)")
                 )
                 assert refused.refusal is not None and refused.refusal.reason == Reason.SANDBOX_UNAVAILABLE
                 with trio.fail_after(10):  # its peers hear the change at once, not at the next interval
@@ -268,7 +281,7 @@ def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_pa
                         await flaky.gate.wait_changed()
                 assert flaky.intake.participating
                 back = await offerer.offer_direct(
-                    flaky.addrs[0], offerer.make_offer(language="python", code="print(3)")
+                    flaky.addrs[0], offerer.make_offer(to=flaky.peer_id, language="python", code="print(3)")
                 )
                 assert back.ok, back.refusal
 

@@ -114,7 +114,7 @@ async def test_a_sandboxed_node_is_healthy_and_lists_the_job_it_ran() -> None:
         assert node.executor is not None
         await wait_pool_ready(node.executor)
         assert (await get(f"{url}/healthz")).json() == {"ok": True, "reason": "ready"}
-        raw = offerer.make_offer(language="python", code="print(6 * 7)")
+        raw = offerer.make_offer(to=node.peer_id, language="python", code="print(6 * 7)")
         outcome = await offerer.offer_direct(node.addrs[0], raw)
         assert outcome.ok
         (job,) = (await get(f"{url}/status")).json()["jobs"]

@@ -6,6 +6,7 @@ only on a deliberate protocol change: `python -m tests.test_vectors --write`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import msgpack
 from executor.contract import ErrorKind, ExecResult, Limits
 from mesh.codec import Domain
 from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer, TaskResult, open_offer, open_result
+from mesh.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
 
 VECTORS = Path(__file__).parent / "vectors"
 OFFERER_SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")  # RFC 8032 test 1
@@ -37,8 +38,20 @@ def build() -> dict[str, dict[str, Any]]:
         limits=Limits(timeout_ms=2_000, memory_mb=64, cpus=0.5),
         sandbox="docker",
         reply_to=("/ip4/127.0.0.1/tcp/4001/p2p/" + offerer.peer_id,),
+        # Version 1 has no audience and no minimum tier; nodes still take it.
+        audience=None,
+        version=1,
     )
     offer_wire = offer.sign(offerer)
+    # Version 2: sent directly to the executor's node; and claimed by two invitees only, on gVisor or stronger.
+    direct_v2 = dataclasses.replace(offer, version=2, audience=Audience.direct(executor.peer_id))
+    invited_v2 = dataclasses.replace(
+        offer,
+        version=2,
+        offer_id=bytes(range(16, 32)),
+        audience=Audience.claimed([executor.peer_id, offerer.peer_id]),
+        min_isolation="gvisor",
+    )
     result = TaskResult(
         offer_id=offer.offer_id,
         offer_digest=open_offer(offer_wire, now=ISSUED).digest,
@@ -77,6 +90,8 @@ def build() -> dict[str, dict[str, Any]]:
 
     return {
         "offer-v1": vector(Domain.OFFER, OFFERER_SEED, offer_wire),
+        "offer-v2-direct": vector(Domain.OFFER, OFFERER_SEED, direct_v2.sign(offerer)),
+        "offer-v2-invited-gvisor": vector(Domain.OFFER, OFFERER_SEED, invited_v2.sign(offerer)),
         "result-v1": vector(Domain.RESULT, EXECUTOR_SEED, result.sign(executor)),
         "result-timeout-v1": vector(Domain.RESULT, EXECUTOR_SEED, failed.sign(executor)),
     }
@@ -90,7 +105,16 @@ def test_vectors_match_the_committed_files() -> None:
 
 def test_committed_vectors_decode_and_verify() -> None:
     offer = json.loads((VECTORS / "offer-v1.json").read_text())
-    assert open_offer(bytes.fromhex(offer["wire"]), now=ISSUED).offer.offerer.hex() == offer["publicKey"]
+    opened_v1 = open_offer(bytes.fromhex(offer["wire"]), now=ISSUED).offer
+    assert opened_v1.offerer.hex() == offer["publicKey"]
+    assert opened_v1.version == 1 and opened_v1.audience is None and opened_v1.min_isolation is None
+    executor_peer = NodeIdentity(EXECUTOR_SEED).peer_id
+    direct = open_offer(bytes.fromhex(json.loads((VECTORS / "offer-v2-direct.json").read_text())["wire"]), now=ISSUED)
+    assert direct.offer.version == 2 and direct.offer.audience == Audience.direct(executor_peer)
+    invited = json.loads((VECTORS / "offer-v2-invited-gvisor.json").read_text())
+    v2 = open_offer(bytes.fromhex(invited["wire"]), now=ISSUED).offer
+    assert v2.audience is not None and v2.audience.invited[0] == executor_peer
+    assert v2.min_isolation == "gvisor"
     for name in ("result-v1", "result-timeout-v1"):
         result = json.loads((VECTORS / f"{name}.json").read_text())
         opened = open_result(bytes.fromhex(result["wire"]), expect_executor=bytes.fromhex(result["publicKey"]))

@@ -35,6 +35,9 @@ class Delivery:
     sender: str | None
     reply: ReplyFn
     claim: ClaimFn = field(default=_no_claim_needed)
+    # True when the offerer addressed this node itself, over a stream it authenticated (the direct protocol): the
+    # one route on which a v2 offer with `audience.to` is taken, and on which a claimed offer never is.
+    direct: bool = False
     # The job's cancel scope, owned by the transport: it cancels it when the offerer stops waiting (its stream
     # closed or timed out, or it sent an abort). The worker runs the job inside it, so the cancel reaches the
     # container. A scope may be cancelled before the worker enters it: the job then never starts.

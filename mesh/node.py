@@ -295,8 +295,9 @@ class MeshNode:
         await BleRadioTransport(radio, self.identity).run(self.intake, task_status=task_status)
 
     def isolation_tiers(self) -> frozenset[str]:
-        """The sandbox tiers this node runs offers under right now: none while its gate is closed."""
-        return frozenset((self.config.isolation,)) if self.gate.participating else frozenset()
+        """The sandbox tiers this node runs offers under right now: those whose checks and canary passed at the
+        gate's last look (executor/canary.py), none while its gate is closed."""
+        return self.gate.tiers if self.gate.participating else frozenset()
 
     def heartbeat(self) -> dict[str, Any]:
         stats = self.executor.stats() if self.executor is not None else None
@@ -445,7 +446,9 @@ class MeshNode:
         assert self.executor is not None
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
-        result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin=job.origin)
+        result: ExecResult = await self.executor.run_code(
+            request, sandbox=offer.sandbox, origin=job.origin, min_isolation=offer.min_isolation
+        )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
         self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()

@@ -11,6 +11,7 @@ machine's shared one:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from mesh.status import node_status
 from tests.conftest import _skip_or_fail, containers_of, docker_problem
+from tests.docker_support import sandbox_policy
 from tests.private_dockerd import PrivateDockerd, private_dockerd, private_dockerd_problem
 
 POLICY = ExecutorPolicy(subset_check=False, pool_size=0)
@@ -301,3 +303,55 @@ async def test_what_a_run_asks_for_never_reaches_the_container_configuration(
     host = seen["HostConfig"]
     assert (host["Binds"], host["Runtime"], host["Privileged"], host["Devices"] or []) == (None, "runc", False, [])
     assert seen["Config"]["Labels"][ISOLATION_LABEL] == "runc" and seen["Config"]["Labels"][NODE_LABEL] == node_label
+
+
+# -- end to end: an offer's minimum tier across real nodes ------------------------------------------------------------
+
+
+@pytest.mark.docker
+@pytest.mark.gvisor
+async def test_an_offer_needing_gvisor_runs_only_on_a_gvisor_node() -> None:
+    """A runc-only node refuses it (`isolation_insufficient`, before any claim or container); a gVisor node runs it
+    under gVisor (its kernel says so); over gossip only the gVisor node gets the claim."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(isolation: str | None, peers: list[str]) -> MeshNode:
+            config = NodeConfig(
+                identity=NodeIdentity.generate(),
+                peers=peers,
+                sandbox_mode="none" if isolation is None else "docker",
+                executor_policy=sandbox_policy(),
+                isolation=isolation,
+                heartbeat_interval=0.5,
+                mdns=False,
+            )
+            return await stack.enter_async_context(MeshNode.open(config))
+
+        runc = await start("runc", [])
+        gvisor = await start("gvisor", runc.addrs[:1])
+        offerer = await start(None, runc.addrs[:1])
+        assert (runc.gate.tiers, gvisor.gate.tiers) == ({"runc"}, {"gvisor"})
+        with trio.fail_after(15):
+            while {h.peer_id: h.isolation for h in offerer.peers.fresh()} != {
+                runc.peer_id: ("runc",),
+                gvisor.peer_id: ("gvisor",),
+            }:
+                await trio.sleep(0.05)
+
+        refused = await offerer.offer_direct(
+            runc.addrs[0], offerer.make_offer(to=runc.peer_id, language="python", code=KERNEL, min_isolation="gvisor")
+        )
+        assert refused.refusal is not None and refused.refusal.reason == "isolation_insufficient"
+        assert not runc.ran
+
+        direct = await offerer.offer_direct(
+            gvisor.addrs[0],
+            offerer.make_offer(to=gvisor.peer_id, language="python", code=KERNEL, min_isolation="gvisor"),
+        )
+        assert direct.result is not None and direct.result.result.stdout == "4.4.0\n", direct
+
+        raw = offerer.make_offer(language="python", code=KERNEL, min_isolation="gvisor")
+        claimed = await offerer.offer_gossip(raw, timeout=30)
+        assert claimed.result is not None, claimed.refusal
+        assert claimed.result.executor == gvisor.identity.public_key and claimed.result.result.stdout == "4.4.0\n"
+        assert not runc.ran

@@ -49,7 +49,7 @@ async def bench(policy: ExecutorPolicy, runs: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {}
     both = replace(policy, isolation=TIERS)
     async with (
-        Executor.open(both, node_label="bench-isolation-warm", pool_size=1) as warm,
+        Executor.open(both, node_label="bench-isolation-warm", pool_size=2) as warm,
         Executor.open(both, node_label="bench-isolation-cold", pool_size=0) as cold,
     ):
         for ex in (warm, cold):
@@ -80,7 +80,7 @@ def main() -> None:
     policy = replace(ExecutorPolicy.from_env(), subset_check=True)
     samples = trio.run(bench, policy, args.runs)
     figures = {name: percentiles(values) for name, values in samples.items()}
-    print(f"trivial Python task, {args.runs} interleaved rounds, warm pools of 1 per tier")
+    print(f"trivial Python task, {args.runs} interleaved rounds, warm pools of 2 per tier")
     print_figures(figures)
     ratio = figures["warm gvisor"][0] / figures["warm runc"][0]
     print(f"warm gVisor / warm runc p50: {ratio:.2f}x (target <= {TARGET:g}x: {ratio <= TARGET})")

@@ -21,9 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="reports go to OUT/<scenario>/")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=4, help="worker processes for scaling-procs")
+    parser.add_argument("--isolation", default="runc", help="tiers the runners offer (hostile): runc, gvisor")
     args = parser.parse_args(argv)
     quiet_logs()
-    options = Options(quick=args.quick, nodes=args.nodes, out=args.out, seed=args.seed, workers=args.workers)
+    options = Options(
+        quick=args.quick, nodes=args.nodes, out=args.out, seed=args.seed, workers=args.workers, isolation=args.isolation
+    )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         started = time.monotonic()

@@ -27,6 +27,7 @@ class Options:
     out: Path = DEFAULT_OUT
     seed: int = 1
     workers: int = 4  # worker processes of `scaling-procs` (more than cores: each event loop also queues)
+    isolation: str = "runc"  # the tiers runner nodes offer (the hostile scenario): runc, gvisor or runc,gvisor
 
     def n(self, quick: int, full: int) -> int:
         return self.nodes if self.nodes is not None else (quick if self.quick else full)

@@ -24,7 +24,7 @@ import secrets
 import socket
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -110,8 +110,10 @@ class StartedContainer:
     limits: Limits
     stream: trio.SocketStream
     raw: socket.socket  # the same socket, for the non-blocking liveness peek
-    uid: int = 0  # the container's own uid (and gid), from the sandbox range
-    warnings: tuple[str, ...] = ()  # what the daemon said when it created the container (the canary's only)
+    # Keyword-only, so that the fields of other work (the warm start's) can follow positionally.
+    uid: int = field(default=0, kw_only=True)  # the container's own uid (and gid), from the sandbox range
+    # What the daemon said when it created the container (kept for the canary, which judges it).
+    warnings: tuple[str, ...] = field(default=(), kw_only=True)
 
     def close(self) -> None:
         """Close our end of the attach connection (idempotent). A waiting bootstrap then ends: StdinOnce."""
@@ -261,7 +263,7 @@ class DockerSandbox:
             made = await self.docker.call(lambda api: self._start_blocking(api, limits, role, accept_warnings))
         container_id, raw, uid, warnings = made
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
-        return StartedContainer(container_id, limits, stream, raw, uid, warnings)
+        return StartedContainer(container_id, limits, stream, raw, uid=uid, warnings=warnings)
 
     async def run(
         self, request: ExecRequest | PreparedRequest, limits: Limits, *, source: ContainerSource | None = None

@@ -1,10 +1,16 @@
 """The offerer's side of gossip offers: exactly one claim per offer, and only the claimant's result counts.
 
-A gossip offer is heard by many nodes; without claims it would run on all of them. A node that wants the work asks
-the offerer over a direct stream. The desk grants `redundancy` claims per offer (one by default) and refuses the
-rest, and it refuses any claimant whose latest heartbeat does not say `sandboxMode: docker`: the mesh's counterpart of
-a coordinator refusing `/pull` to an agent that cannot sandbox. A claim that brings no result within its lease
-lapses, so the slot opens again and the offerer may re-offer.
+A gossip offer is heard by many nodes; without claims it would run on all of them. The offerer invites a few
+runners by name in the signed offer (`mesh.invitations`); an invitee that wants the work asks the offerer over a
+direct stream, sending its own status with the request. The desk grants `redundancy` claims per job (one by default)
+and refuses the rest: claimants that were not invited (`not_invited`), that say `sandboxMode: none` (the mesh's
+counterpart of a coordinator refusing `/pull` to an agent that cannot sandbox), or whose sandbox tiers fall short
+of the offer's minimum (`isolation_insufficient`).
+
+A job may be issued more than once (a fresh offer id each time, other invitees): when no invitee claims in time,
+or a claim lapses without a result. The issues share one job, so the grant limit holds across all of them, and a
+late result for an earlier issue still counts. A claimant whose claim lapsed without a result gets a strike with
+this offerer (`Strikes`): it is invited last from then on.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ import trio
 
 from mesh.identity import public_key_of_peer_id
 from mesh.offers import ReceivedOffer, TaskResult, meets, open_result
-from mesh.peers import PeerDirectory
+from mesh.peers import Heartbeat, PeerDirectory
 from mesh.reasons import Reason, Rejected, Rejection
 
-# Asks a peer for its current heartbeat over a direct stream: the heartbeat, or why not.
+# Asks a peer for its current status over a direct stream: the status, or why not.
 AskStatus = Callable[[str], Awaitable[dict[str, Any] | Rejection]]
 
 # Beyond the offer's own timeout: the claimant's queueing, container start and the trip back.
@@ -40,16 +46,67 @@ def _key_of(peer_id: str) -> bytes | None:
 @dataclass(slots=True)
 class _Grant:
     claimant: str
+    offer_id: bytes
     deadline: float
 
 
 @dataclass(slots=True)
-class PostedOffer:
-    received: ReceivedOffer
+class ClaimJob:
+    """One piece of work, over all its issues: the grants, the results, and the claim requests it drew."""
+
+    # How many independent runners (distinct PeerIDs) should run it: 1, or k for k-of-k replication.
+    redundancy: int = 1
     grants: list[_Grant] = field(default_factory=list)
+    lapsed: list[_Grant] = field(default_factory=list)  # grants whose lease ran out without a result
     results: list[TaskResult] = field(default_factory=list)
+    requests: int = 0  # claim requests received, granted or not
     refused: int = 0
-    done: trio.Event = field(default_factory=trio.Event)
+    struck: set[str] = field(default_factory=set)
+    done: trio.Event = field(default_factory=trio.Event)  # set once `redundancy` results are in
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) >= self.redundancy
+
+
+@dataclass(slots=True)
+class PostedOffer:
+    """One issue of a job: the offer as signed and published."""
+
+    received: ReceivedOffer
+    job: ClaimJob = field(default_factory=ClaimJob)
+
+    @property
+    def results(self) -> list[TaskResult]:
+        return self.job.results
+
+    @property
+    def refused(self) -> int:
+        return self.job.refused
+
+    @property
+    def done(self) -> trio.Event:
+        return self.job.done
+
+
+class Strikes:
+    """Claimants that won a claim from this offerer and never delivered, counted, bounded (oldest forgotten)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self.capacity = capacity
+
+    def add(self, peer_id: str) -> None:
+        self._counts[peer_id] = self._counts.get(peer_id, 0) + 1
+        self._counts.move_to_end(peer_id)
+        while len(self._counts) > self.capacity:
+            self._counts.popitem(last=False)
+
+    def __getitem__(self, peer_id: str) -> int:
+        return self._counts.get(peer_id, 0)
+
+    def __len__(self) -> int:
+        return len(self._counts)
 
 
 class ClaimDesk:
@@ -70,9 +127,11 @@ class ClaimDesk:
         self.capacity = capacity
         self._monotonic = monotonic
         self._posted: OrderedDict[bytes, PostedOffer] = OrderedDict()
+        self.strikes = Strikes()
 
-    def post(self, received: ReceivedOffer) -> PostedOffer:
-        posted = PostedOffer(received)
+    def post(self, received: ReceivedOffer, job: ClaimJob | None = None) -> PostedOffer:
+        """Open an issue for claims; `job` joins it to the earlier issues of the same work."""
+        posted = PostedOffer(received, job or ClaimJob(redundancy=self.redundancy))
         self._posted[received.offer.offer_id] = posted
         while len(self._posted) > self.capacity:
             self._posted.popitem(last=False)
@@ -84,55 +143,66 @@ class ClaimDesk:
     def withdraw(self, offer_id: bytes) -> None:
         self._posted.pop(offer_id, None)
 
-    def _live_grants(self, posted: PostedOffer) -> list[_Grant]:
+    def _live_grants(self, job: ClaimJob) -> list[_Grant]:
         now = self._monotonic()
-        delivered = {r.executor for r in posted.results}
-        return [g for g in posted.grants if g.deadline > now or _key_of(g.claimant) in delivered]
+        delivered = {r.executor for r in job.results}
+        return [g for g in job.grants if g.deadline > now or _key_of(g.claimant) in delivered]
 
-    async def grant_claim(self, offer_id: bytes, claimant: str) -> Rejection | None:
+    async def _claimant_status(self, claimant: str, status: dict[str, Any] | None) -> Heartbeat | None:
+        """The claimant's own word on itself: sent with its claim, known from presence, or asked for."""
+        if status is not None:
+            sent = Heartbeat.parse(claimant, status, self._monotonic())
+            if sent is not None:
+                return sent
+        known = self.peers.get(claimant)
+        if known is None and self._ask_status is not None:
+            answer = await self._ask_status(claimant)
+            if not isinstance(answer, Rejection):
+                known = self.peers.observe(claimant, answer)
+        return known
+
+    async def grant_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None = None
+    ) -> Rejection | None:
         posted = self._posted.get(offer_id)
         if posted is None:
             return Rejection(Reason.UNKNOWN_OFFER, "no such offer is open here")
-        offer = posted.received.offer
+        job = posted.job
+        job.requests += 1
+        refusal = await self._judge(posted, claimant, status)
+        if refusal is not None:
+            job.refused += 1
+        return refusal
+
+    async def _judge(self, posted: PostedOffer, claimant: str, status: dict[str, Any] | None) -> Rejection | None:
+        offer, job = posted.received.offer, posted.job
         if time.time() * 1000 > offer.expires_at_ms:
             return Rejection(Reason.EXPIRED, "the offer has expired")
         if _key_of(claimant) is None:
             # Its result could never be verified against its PeerID: granting would only strand the offer.
-            posted.refused += 1
             return Rejection(Reason.CLAIM_REFUSED, "the claimant's PeerID embeds no Ed25519 key")
         audience = offer.audience
         if audience is not None and audience.invited and claimant not in audience.invited:
             # Its own intake should have refused the offer; a claimant that skips that check gets the same answer.
-            posted.refused += 1
             return Rejection(Reason.NOT_INVITED, "this offer invites other claimants")
-        mode = self.peers.sandbox_mode(claimant)
-        if mode is None and self._ask_status is not None:
-            # Heartbeats are flooded only every few seconds; rather than wait for the next one, ask the claimant
-            # itself. The answer comes over its own authenticated stream and is checked like any heartbeat.
-            status = await self._ask_status(claimant)
-            if not isinstance(status, Rejection):
-                self.peers.observe(claimant, status)
-                mode = self.peers.sandbox_mode(claimant)
-        if mode != "docker":
-            posted.refused += 1
-            why = "no fresh heartbeat from the claimant" if mode is None else "the claimant reports sandboxMode: none"
+        heartbeat = await self._claimant_status(claimant, status)
+        if heartbeat is None or heartbeat.sandbox_mode != "docker":
+            why = "no status from the claimant" if heartbeat is None else "the claimant reports sandboxMode: none"
             return Rejection(Reason.SANDBOX_UNAVAILABLE, why)
-        heartbeat = self.peers.get(claimant)
-        tiers = heartbeat.isolation if heartbeat is not None else ()
-        if not any(meets(tier, offer.min_isolation) for tier in tiers):
-            posted.refused += 1
-            return Rejection(
-                Reason.ISOLATION_INSUFFICIENT,
-                f"the offer needs {offer.min_isolation} or stronger; the claimant runs {', '.join(tiers) or 'none'}",
-            )
-        live = self._live_grants(posted)
-        if any(g.claimant == claimant for g in live):
+        if not any(meets(tier, offer.min_isolation) for tier in heartbeat.isolation):
+            runs = ", ".join(heartbeat.isolation) or "none"
+            why = f"the offer needs {offer.min_isolation} or stronger; the claimant runs {runs}"
+            return Rejection(Reason.ISOLATION_INSUFFICIENT, why)
+        live = self._live_grants(job)
+        if any(g.claimant == claimant and g.offer_id == offer.offer_id for g in live):
             return None  # a retried claim by the same peer is the same claim
-        if len(live) >= self.redundancy:
-            posted.refused += 1
+        if any(g.claimant == claimant for g in live):
+            # Replicas must come from distinct runners: one runner's two results would agree with themselves.
+            return Rejection(Reason.CLAIM_REFUSED, "already claimed by this claimant under another issue")
+        if len(live) >= job.redundancy or job.complete:
             return Rejection(Reason.CLAIM_REFUSED, "already claimed")
         lease = offer.limits.timeout_ms / 1000 + self.lease_margin_s
-        posted.grants = [*live, _Grant(claimant, self._monotonic() + lease)]
+        job.grants = [*live, _Grant(claimant, offer.offer_id, self._monotonic() + lease)]
         return None
 
     async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:
@@ -147,20 +217,42 @@ class ClaimDesk:
             return Rejection(Reason.UNKNOWN_OFFER, "no such offer is open here")
         if result.offer_digest != posted.received.digest:
             return Rejection(Reason.MALFORMED, "the result names another offer's bytes")
-        if not any(g.claimant == sender for g in posted.grants):
+        job = posted.job
+        # A claim that lapsed still counts when its result comes late: the work ran, and it is the first result.
+        if not any(g.claimant == sender and g.offer_id == result.offer_id for g in job.grants + job.lapsed):
             return Rejection(Reason.CLAIM_REFUSED, "the sender holds no claim on this offer")
-        if any(r.executor == result.executor for r in posted.results):
+        if any(r.executor == result.executor for r in job.results):
             return None  # a repeated delivery of the same result
-        posted.results.append(result)
-        posted.done.set()
+        job.results.append(result)
+        if job.complete:
+            job.done.set()
         return None
 
-    def undelivered_claimants(self, posted: PostedOffer) -> list[str]:
-        """PeerIDs granted a claim on `posted` that have not delivered a result."""
-        delivered = {r.executor for r in posted.results}
-        return [g.claimant for g in posted.grants if _key_of(g.claimant) not in delivered]
+    def undelivered(self, job: ClaimJob) -> list[tuple[str, bytes]]:
+        """(claimant, offer id) of each grant on `job`, lapsed ones included, that has not delivered a result."""
+        delivered = {r.executor for r in job.results}
+        return [(g.claimant, g.offer_id) for g in job.lapsed + job.grants if _key_of(g.claimant) not in delivered]
 
-    def lapsed(self, offer_id: bytes) -> bool:
-        """True when claims were granted, none is still live, and no result came: the offerer may re-offer."""
-        posted = self._posted.get(offer_id)
-        return posted is not None and bool(posted.grants) and not posted.results and not self._live_grants(posted)
+    def lapsed(self, job: ClaimJob) -> bool:
+        """True when a granted claim's lease ran out without its result: the offerer may re-offer that share.
+
+        The lapsed grants are set aside (a later issue's grant is judged on its own), and each claimant whose claim
+        lapsed gets a strike (once per job): it is invited last from then on.
+        """
+        if job.complete:
+            return False
+        live = self._live_grants(job)
+        expired = [g for g in job.grants if g not in live]
+        if not expired:
+            return False
+        for grant in expired:
+            if grant.claimant not in job.struck:
+                job.struck.add(grant.claimant)
+                self.strikes.add(grant.claimant)
+        job.lapsed += expired
+        job.grants = live
+        return True
+
+    def claimed(self, job: ClaimJob) -> bool:
+        """Enough claims are live (someone is running each share) or results are in."""
+        return len(self._live_grants(job)) >= job.redundancy or job.complete

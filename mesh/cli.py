@@ -636,6 +636,13 @@ def jobs(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
 @sandbox_option
 @click.option("--wait-s", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True, help="How long to wait.")
 @click.option(
+    "--replicas",
+    type=click.IntRange(1, 4),
+    default=1,
+    show_default=True,
+    help="With --gossip: this many distinct runners each run it; the result counts only if they all agree.",
+)
+@click.option(
     "--min-isolation",
     type=click.Choice(["runc", "gvisor"]),
     default=None,
@@ -663,6 +670,7 @@ def offer(
     memory_mb: int,
     sandbox: str,
     wait_s: float,
+    replicas: int,
     min_isolation: str | None,
     log_level: str,
 ) -> None:
@@ -683,6 +691,8 @@ def offer(
         raise click.UsageError("--gossip needs at least one --peer")
     if peers and not gossip:
         raise click.UsageError("--peer is for --gossip (with --to, the address already names the node)")
+    if replicas > 1 and not gossip:
+        raise click.UsageError("--replicas is for --gossip (a direct offer names one node)")
     identity = load_identity(key)
     try:
         for addr in [*peers, *([to] if to else [])]:
@@ -706,6 +716,7 @@ def offer(
         ble_hci=ble_hci,
         ble_link_model=ble_link_model,
         min_isolation=min_isolation,
+        replicas=replicas,
     )
     outcome = run_command(run_offer, options)
     if outcome.refusal is not None:
@@ -714,7 +725,10 @@ def offer(
     assert outcome.result is not None
     from mesh.peerid import ed25519_peer_id
 
-    emit({**outcome.result.to_json(), "executorPeerId": ed25519_peer_id(outcome.result.executor)})
+    shown = {**outcome.result.to_json(), "executorPeerId": ed25519_peer_id(outcome.result.executor)}
+    if replicas > 1:
+        shown["replicaPeerIds"] = [ed25519_peer_id(r.executor) for r in outcome.replicas]
+    emit(shown)
     sys.exit(0 if outcome.ok else 1)
 
 

@@ -167,6 +167,7 @@ class OfferOptions:
     ble_hci: str | None = None
     ble_link_model: str | None = None  # pace the radio as this preset would (virtual controllers only)
     min_isolation: str | None = None  # the weakest sandbox tier the offer accepts (runc, gvisor)
+    replicas: int = 1  # gossip: distinct runners that must each run it and agree
 
 
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
@@ -290,7 +291,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
                 outcome = outcome or OfferOutcome(refusal=Rejection(Reason.TIMEOUT, "no answer from the node"))
             else:
                 await node.wait_for_runner(timeout=min(10.0, options.wait_s))
-                outcome = await node.offer_gossip(raw, timeout=options.wait_s)
+                outcome = await node.offer_gossip(raw, timeout=options.wait_s, replicas=options.replicas)
             nursery.cancel_scope.cancel()
     if outcome is None:
         raise Interrupted

@@ -410,8 +410,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "node.heartbeat_interval_s",
         FloatRange(1, 300, "seconds"),
-        15.0,
-        "Seconds between heartbeats (flooded to the whole mesh: see docs/operator.md).",
+        30.0,
+        "Seconds between status refreshes to each neighbour; changes are pushed at once (docs/operator.md).",
         "--heartbeat-interval",
     ),
     Setting(

@@ -107,14 +107,20 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
             while len(laptop.peers.fresh()) < runners + 1:
                 await trio.sleep(0.05)
         seen = {h.peer_id: h.sandbox_mode for h in laptop.peers.fresh()}
-        print(f"  the laptop sees {len(seen)} heartbeats; no-sandbox reports sandboxMode={seen.get(refuser.peer_id)}")
+        print(
+            f"  the laptop has {len(seen)} neighbours' statuses (no flood: presence is between neighbours); "
+            f"no-sandbox reports sandboxMode={seen.get(refuser.peer_id)}"
+        )
 
         print("\nOffers that run (each in a fresh container: no network, read-only root, a uid of its own):")
         offer = laptop.make_offer(language="python", code=SUM_PY, input={"xs": list(range(1, 101))})
         outcome, ms = await _timed(lambda: laptop.offer_gossip(offer, timeout=30))
         _line("gossip offer, claimed by one node", outcome, ms, names)
         ran = sum(n.ran.count(open_offer_id(offer)) for n in nodes)
-        print(f"  {'':<36} └ ran on exactly {ran} node(s); other claims refused: {outcome.claims_refused}")
+        print(
+            f"  {'':<36} └ ran on exactly {ran} node(s); claim requests {outcome.claim_requests} "
+            f"(only invitees claim), refused {outcome.claims_refused}"
+        )
         expect(outcome.ok and ran == 1, "the gossip offer runs exactly once")
 
         direct = laptop.make_offer(to=nodes[-1].peer_id, language="javascript", code=FIB_JS, input={"n": 90})

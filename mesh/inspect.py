@@ -46,7 +46,7 @@ def format_status(status: dict[str, Any]) -> str:
 def format_peers(status: dict[str, Any]) -> str:
     peers = status.get("peers", [])
     if not peers:
-        return f"{status['peerId']} has no peers: no connection, and no heartbeat heard"
+        return f"{status['peerId']} has no peers: no connection, and no status heard"
     rows = []
     for p in peers:
         addr = (p.get("connectionAddrs") or p.get("addrs") or [None])[0]

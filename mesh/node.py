@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 
 from executor.contract import ErrorKind, ExecRequest, ExecResult, QueueReason, refusal
 from executor.policy import ExecutorPolicy
-from mesh.claims import ClaimDesk, PostedOffer
+from mesh.claims import ClaimDesk, ClaimJob, PostedOffer
 from mesh.gate import SandboxGate, SandboxMode
 from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
+from mesh.invitations import INVITEES, Candidate, candidates, choose_invitees, near_sample
 from mesh.metrics import NodeMetrics
 from mesh.offers import (
     MAX_REPLY_ADDRS,
@@ -45,6 +46,7 @@ from mesh.offers import (
     now_ms,
     open_result,
     parse_offer,
+    result_digest,
 )
 from mesh.peerid import ed25519_peer_id
 from mesh.peers import PeerDirectory
@@ -60,6 +62,7 @@ from transports.gossip import GossipTransport
 from transports.hardening import Defences
 from transports.mdns import LanDiscovery
 from transports.p2p import P2PHost, listens_beyond_loopback, open_host
+from transports.presence import Presence
 from transports.relay import Relay, ReserveMode
 from transports.rendezvous import Rendezvous
 
@@ -67,6 +70,9 @@ log = structlog.get_logger("edgecoder.node")
 
 # How many run offer ids `MeshNode.ran` keeps.
 RAN_HISTORY = 10_000
+# Runners one gossip offer may invite over its issues when nobody claims in time: with `invitees` per issue, at most
+# this many claim requests reach the offerer for it (a lapsed claim may still invite beyond, so as not to lose it).
+MAX_INVITED = 8
 
 
 @dataclass
@@ -79,11 +85,13 @@ class NodeConfig:
     sandbox_mode: SandboxMode = "docker"
     executor_policy: ExecutorPolicy = field(default_factory=ExecutorPolicy.from_env)
     intake_policy: IntakePolicy = field(default_factory=IntakePolicy)
-    # Every heartbeat is flooded to the whole mesh, so the mesh carries N² x degree / interval of them, and py-libp2p
-    # spends 3-4 ms of CPU per message received: at 1 s one process saturates near a dozen nodes, at 5 s two cores
-    # near two dozen. Heartbeats are for presence and capacity; a change of sandbox mode is announced at once
-    # (`beat_now`), and an offerer that has no fresh heartbeat of a claimant asks the claimant directly.
-    heartbeat_interval: float = 15.0
+    # Presence travels between neighbours only (transports.presence): a node pushes its status to each neighbour
+    # when it changes materially, and every `heartbeat_interval` seconds anyway, so that a lost push is repaired.
+    heartbeat_interval: float = 30.0
+    # How many runners an offerer invites to claim each issue of a gossip offer (mesh.invitations), and how long
+    # it waits for one of them to claim before it invites others.
+    invitees: int = INVITEES
+    invite_window_s: float = 1.0
     gate_interval: float = 5.0
     claim_redundancy: int = 1
     # How long past the offer's own timeout a claim may go without a result before it lapses.
@@ -118,6 +126,16 @@ class NodeConfig:
     # The isolation tiers the node offers (`executor.isolation`: runc, gvisor or runc,gvisor; executor/backends/):
     # they replace the executor policy's. None: the policy's own.
     isolation: str | None = None
+    # An executor and its running gate, opened by the caller and shared by many nodes of one process (simulations
+    # of hundreds of nodes on two cores, where each node opening its own Docker executor and canary would measure
+    # dockerd instead of the mesh). Real runs, real gate; the caller owns both. None: the node opens its own.
+    shared_sandbox: SharedSandbox | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSandbox:
+    executor: Executor
+    gate: SandboxGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +144,13 @@ class OfferOutcome:
 
     result: TaskResult | None = None
     refusal: Rejection | None = None
-    # Gossip only: claim requests the offerer refused for this offer (it was already claimed, or the claimant
-    # cannot sandbox), over every attempt.
+    # Gossip only: claim requests the offerer received for this work over all its issues, those it refused (it was
+    # already claimed, the claimant was not invited or cannot sandbox), and how many issues it took.
     claims_refused: int = 0
+    claim_requests: int = 0
+    issues: int = 0
+    # Gossip with replicas: every runner's verified result (the first is `result`), all agreeing when `result` is set.
+    replicas: tuple[TaskResult, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -149,7 +171,8 @@ class MeshNode:
         self.identity = config.identity
         self.metrics = metrics or NodeMetrics()
         self.peers = PeerDirectory(stale_after=3.5 * config.heartbeat_interval)
-        self.gate = SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
+        shared = config.shared_sandbox if config.sandbox_mode == "docker" else None
+        self.gate = shared.gate if shared else SandboxGate(config.sandbox_mode, executor, interval=config.gate_interval)
         self.intake = Intake(
             config.intake_policy,
             participating=lambda: self.gate.participating,
@@ -172,16 +195,13 @@ class MeshNode:
         )
         self.executor = executor
         self.p2p = p2p
-        self.direct = DirectTransport(p2p, self.desk, status=self.heartbeat, abort=self._abort_from_peer)
-        self.gossip = GossipTransport(
-            p2p,
-            self.direct,
-            validate=self.intake.validate,
-            heartbeat=self.heartbeat,
-            on_heartbeat=self.peers.observe,
-            heartbeat_interval=config.heartbeat_interval,
-            forward_offers=config.forward_offers,
+        self.direct = DirectTransport(
+            p2p, self.desk, status=self.heartbeat, abort=self._abort_from_peer, presence=self.peers.observe
         )
+        self.gossip = GossipTransport(
+            p2p, self.direct, validate=self.intake.validate, forward_offers=config.forward_offers
+        )
+        self.presence = Presence(p2p, self.direct, self.peers, self.heartbeat, refresh_every=config.heartbeat_interval)
         # Raises AddressError for a bad bootstrap address, before anything runs.
         self.bootstrap = Bootstrapper(p2p, config.peers)
         self.addresses = AddressWatcher(p2p)
@@ -201,7 +221,14 @@ class MeshNode:
         # Everything that runs beside the workers, in the order it starts: offers are served (direct first, so that
         # a peer's first stream finds its handler) and circuits can be dialled before any peer is dialled.
         self.transports: list[Transport] = [self.direct, self.gossip, *config.transports]
-        self.services: list[Service] = [self.addresses, self.relay, self.bootstrap, self.connections, self.rendezvous]
+        self.services: list[Service] = [
+            self.presence,
+            self.addresses,
+            self.relay,
+            self.bootstrap,
+            self.connections,
+            self.rendezvous,
+        ]
         if config.mdns if config.mdns is not None else listens_beyond_loopback(config.listen):
             self.services.append(
                 LanDiscovery(p2p, lambda peer, addrs: self.connections.discovered(peer, addrs, "mdns", eager=True))
@@ -225,7 +252,9 @@ class MeshNode:
             if config.state_root is not None:
                 state = stack.enter_context(StateDir.locked(config.state_root, config.identity.peer_id))
             executor = None
-            if config.sandbox_mode == "docker":
+            if config.sandbox_mode == "docker" and config.shared_sandbox is not None:
+                executor = config.shared_sandbox.executor
+            elif config.sandbox_mode == "docker":
                 from executor.backends import parse_tiers
                 from executor.runner import Executor
 
@@ -263,7 +292,8 @@ class MeshNode:
     async def _start(self) -> None:
         # The gate's first verdict comes before any transport opens, so a node that cannot sandbox never
         # subscribes to offers, not even for a moment.
-        await self._nursery.start(self.gate.run)
+        if self.config.shared_sandbox is None or self.config.sandbox_mode != "docker":
+            await self._nursery.start(self.gate.run)
         self.gate.on_change(self._follow_gate)
         for transport in self.transports:
             await self._nursery.start(transport.run, self.intake)
@@ -280,7 +310,7 @@ class MeshNode:
         """Peers learn at once when this node starts or stops taking offers. The transports follow the intake's
         `participating` by themselves: gossip still forwards offers but hands none to the intake, BLE stops
         scanning, the coordinator stops pulling, and direct offers are refused."""
-        self.gossip.beat_now()
+        self.presence.changed()
 
     async def run_ble(
         self,
@@ -300,6 +330,7 @@ class MeshNode:
         return self.gate.tiers if self.gate.participating else frozenset()
 
     def heartbeat(self) -> dict[str, Any]:
+        """This node's status as its neighbours hear it (pushed on change, asked on connect, sent with a claim)."""
         stats = self.executor.stats() if self.executor is not None else None
         free = 0 if stats is None or not self.gate.participating else max(0, stats.free_slots)
         return {
@@ -308,7 +339,8 @@ class MeshNode:
             "freeSlots": free,
             "languages": sorted(self.config.intake_policy.languages),
             "isolation": sorted(self.isolation_tiers()),
-            "addrs": list(self.p2p.addrs),
+            "addrs": list(self.p2p.addrs[:8]),
+            "near": [n.to_wire() for n in near_sample(self.peers, self.identity.peer_id)],
         }
 
     @property
@@ -460,15 +492,16 @@ class MeshNode:
     # -- the offerer's side ------------------------------------------------------------------------------------
 
     async def wait_for_runner(self, *, timeout: float) -> bool:
-        """Wait until some peer takes offers: it is subscribed to the offers topic (known at once on connect), or
-        its heartbeat says it can sandbox. Publishing before that would reach nobody."""
+        """Wait until a runner is known (a neighbour's status, or one a neighbour reports) and some peer takes
+        offers on the topic (known at once on connect). Publishing before that would reach nobody."""
         with trio.move_on_after(timeout):
-            while not self.gossip.offer_subscribers() and not any(
-                h.sandbox_mode == "docker" for h in self.peers.fresh()
-            ):
+            while not (self.gossip.offer_subscribers() and self.runner_candidates(language=None, min_isolation=None)):
                 await trio.sleep(0.05)
             return True
         return False
+
+    def runner_candidates(self, *, language: str | None, min_isolation: str | None) -> list[Candidate]:
+        return candidates(self.peers, language=language, min_isolation=min_isolation, me=self.identity.peer_id)
 
     def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
         """A signed offer from this node, replying to its own addresses.
@@ -500,52 +533,115 @@ class MeshNode:
             return OfferOutcome(refusal=Rejection(Reason.WRONG_EXECUTOR, "signed by another key than the peer's"))
         return OfferOutcome(result=result)
 
-    async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0) -> OfferOutcome:
-        """Publish, let exactly one claimant run it, and wait for its verified result.
+    async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0, replicas: int | None = None) -> OfferOutcome:
+        """Publish, let exactly one invited runner run it (or `replicas` distinct ones), and wait for the verified
+        result.
 
-        A claim that lapses without a result (the claimant crashed, or lied) is re-offered under a fresh offer id,
-        while time remains: the old id stays spent in every replay cache, so it cannot be run twice by accident.
-        However this ends (a result, a timeout, the caller giving up), every claimant still holding a claim without
-        having delivered is told to abort, and the offers leave the claim desk.
+        With `replicas` k > 1 (default `claim_redundancy`), k distinct runners each run it and the result counts only
+        when all k agree on what the program did (`result_digest`); otherwise the refusal is `results_disagree`.
+        A single claimant can sign any result it likes; k agreeing ones cost a liar k keys among our invitees.
+
+        Our own offer with an open audience gets invitees: each issue names up to `invitees` runners from the
+        presence this node knows (`mesh.invitations`), and every other node refuses it at once. When none of them
+        claims within `invite_window_s`, the work is re-issued under a fresh id to runners not yet invited (up to
+        `MAX_INVITED` in all); when a granted claim lapses without a result, its claimant gets a strike and the work
+        is re-issued to others (or, when nobody else is known, to those known again). The issues share one claim
+        job, so it still runs once, and a late result for an earlier issue still counts. An offer that already names
+        its invitees, or is not ours, is published as it is (and re-issued only after a lapse, if ours). However
+        this ends, every claimant still holding a claim without having delivered is told to abort, and the issues
+        leave the claim desk.
         """
         deadline = trio.current_time() + timeout
-        attempts: list[PostedOffer] = []  # a late result for an earlier attempt still counts
+        job = ClaimJob(redundancy=max(1, replicas or self.config.claim_redundancy))
+        issues: list[PostedOffer] = []
+        invited: list[str] = []
+        received = parse_offer(raw)
+        offer = received.offer
+        ours = offer.offerer == self.identity.public_key
+        inviting = ours and offer.audience is not None and offer.audience.to is None and not offer.audience.invited
+        replicas = job.redundancy
+        invitees = self._fresh_invitees(offer, invited, replicas=replicas) if inviting else []
         try:
             while True:
-                received = parse_offer(raw)
-                offer_id = received.offer.offer_id
-                attempts.append(self.desk.post(received))
+                if invitees or (issues and ours):
+                    # No runner known on the first issue: it goes out open (anyone may claim), as published.
+                    keep = not inviting
+                    raw = self._reissue(offer, invitees, fresh_id=bool(issues), keep_audience=keep)
+                    received = parse_offer(raw)
+                    invited += [p for p in invitees if p not in invited]
+                issues.append(self.desk.post(received, job))
                 refusal = await self.gossip.publish_offer(raw)
                 if refusal is not None:
                     return OfferOutcome(refusal=refusal)
-                while not self.desk.lapsed(offer_id) and trio.current_time() < deadline:
-                    if any(a.results for a in attempts):
-                        break
-                    with trio.move_on_after(0.1):
-                        await attempts[-1].done.wait()
-                refused = sum(a.refused for a in attempts)
-                for attempt in attempts:
-                    if attempt.results:
-                        return OfferOutcome(result=attempt.results[0], claims_refused=refused)
-                lapsed = self.desk.lapsed(offer_id)
-                if not lapsed or trio.current_time() >= deadline or received.offer.offerer != self.identity.public_key:
+                invitees, lapsed = await self._await_claim(job, offer, invited, deadline, inviting=inviting)
+                if job.complete:
+                    return self._agreed(job, issues)
+                if trio.current_time() >= deadline or not ours:
                     why = "claims lapsed without a result" if lapsed else "no result in time"
-                    return OfferOutcome(refusal=Rejection(Reason.TIMEOUT, why), claims_refused=refused)
-                log.info("re-offering after a lapsed claim", offer=offer_id.hex())
-                raw = self._reissue(received.offer)
+                    return self._outcome(job, issues, refusal=Rejection(Reason.TIMEOUT, why))
+                if lapsed:
+                    log.info("re-offering after a lapsed claim", offer=received.offer.offer_id.hex())
+                    if inviting:
+                        invitees = self._fresh_invitees(offer, invited, replicas=replicas) or self._fresh_invitees(
+                            offer, job.struck, replicas=replicas
+                        )
         finally:
             with trio.CancelScope(shield=True):
-                await self._abort_undelivered(attempts)
-            for attempt in attempts:
-                self.desk.withdraw(attempt.received.offer.offer_id)
+                await self._abort_undelivered(job)
+            for issue in issues:
+                self.desk.withdraw(issue.received.offer.offer_id)
 
-    async def _abort_undelivered(self, attempts: list[PostedOffer]) -> None:
+    async def _await_claim(
+        self, job: ClaimJob, offer: TaskOffer, invited: list[str], deadline: float, *, inviting: bool
+    ) -> tuple[list[str], bool]:
+        """Wait for this issue: until a result, the deadline, a lapsed claim (True), or, while inviting, the invite
+        window passing with nobody claiming and someone new to invite (their PeerIDs)."""
+        window = trio.current_time() + self.config.invite_window_s
+        while trio.current_time() < deadline and not job.complete:
+            if self.desk.lapsed(job):
+                return [], True
+            if inviting and trio.current_time() >= window and not self.desk.claimed(job):
+                window = trio.current_time() + self.config.invite_window_s
+                more = (
+                    self._fresh_invitees(offer, invited, replicas=job.redundancy) if len(invited) < MAX_INVITED else []
+                )
+                if more:
+                    return more, False
+            with trio.move_on_after(0.05):
+                await job.done.wait()
+        return [], False
+
+    def _fresh_invitees(self, offer: TaskOffer, exclude: Collection[str], *, replicas: int = 1) -> list[str]:
+        """Runners for this offer, best first (`choose_invitees`), none of `exclude`: `invitees` of them, and one
+        more than the replicas asked for."""
+        found = self.runner_candidates(language=offer.language, min_isolation=offer.min_isolation)
+        k = max(self.config.invitees, replicas + 1)
+        return choose_invitees(found, strikes=self.desk.strikes.__getitem__, exclude=exclude, k=k)
+
+    def _agreed(self, job: ClaimJob, issues: list[PostedOffer]) -> OfferOutcome:
+        """The first result, when every replica's says the same; `results_disagree` otherwise."""
+        digests = {result_digest(r.result) for r in job.results}
+        if len(digests) == 1:
+            return self._outcome(job, issues, result=job.results[0])
+        why = f"{len(job.results)} runners ran it and reported {len(digests)} different results"
+        return self._outcome(job, issues, refusal=Rejection(Reason.RESULTS_DISAGREE, why))
+
+    @staticmethod
+    def _outcome(
+        job: ClaimJob, issues: list[PostedOffer], *, result: TaskResult | None = None, refusal: Rejection | None = None
+    ) -> OfferOutcome:
+        return OfferOutcome(
+            result=result,
+            refusal=refusal,
+            claims_refused=job.refused,
+            claim_requests=job.requests,
+            issues=len(issues),
+            replicas=tuple(job.results),
+        )
+
+    async def _abort_undelivered(self, job: ClaimJob) -> None:
         """Tell each claimant that holds a claim and delivered nothing to stop: nobody waits for its result now."""
-        targets = [
-            (claimant, attempt.received.offer.offer_id)
-            for attempt in attempts
-            for claimant in self.desk.undelivered_claimants(attempt)
-        ]
+        targets = self.desk.undelivered(job)
         if not targets:
             return
         with trio.move_on_after(2 * ABORT_SEND_TIMEOUT):
@@ -561,13 +657,19 @@ class MeshNode:
             return False
         return self.intake.abort(offerer, offer_id)
 
-    def _reissue(self, offer: TaskOffer) -> bytes:
-        """The same work under a new id and a fresh lifetime."""
-        issued = now_ms()
-        fresh = dataclasses.replace(
-            offer,
-            offer_id=os.urandom(OFFER_ID_SIZE),
-            issued_at_ms=issued,
-            expires_at_ms=issued + (offer.expires_at_ms - offer.issued_at_ms),
-        )
-        return fresh.sign(self.identity)
+    def _reissue(
+        self, offer: TaskOffer, invitees: Sequence[str], *, fresh_id: bool, keep_audience: bool = False
+    ) -> bytes:
+        """The same work for other invitees (open when none): under a new id and a fresh lifetime once an issue has
+        been published, since every node that admitted the old id keeps it spent."""
+        changes: dict[str, Any] = {}
+        if not keep_audience:
+            changes["audience"] = Audience.claimed(list(invitees))
+        if fresh_id:
+            issued = now_ms()
+            changes.update(
+                offer_id=os.urandom(OFFER_ID_SIZE),
+                issued_at_ms=issued,
+                expires_at_ms=issued + (offer.expires_at_ms - offer.issued_at_ms),
+            )
+        return dataclasses.replace(offer, **changes).sign(self.identity)

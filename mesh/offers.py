@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.contract import LANGUAGES, SANDBOXES, ErrorKind, ExecResult, Language, Limits, SandboxKind
-from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open_envelope, seal
+from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open_envelope, pack, seal
 from mesh.identity import PUBLIC_KEY_SIZE, NodeIdentity
 from mesh.reasons import Reason, Rejected
 
@@ -353,6 +353,13 @@ class TaskResult:
             "offerId": self.offer_id.hex(),
             "executor": self.executor.hex(),
         }
+
+
+def result_digest(result: ExecResult) -> bytes:
+    """What replicas must agree on: what the program did (ok, exit code, error kind, its output), not how long it
+    took, on which node, or when."""
+    what = [result.ok, result.exit_code, None if result.error_kind is None else str(result.error_kind)]
+    return hashlib.sha256(pack([*what, result.stdout, result.stderr, result.stdout_truncated])).digest()
 
 
 def open_result(raw: bytes, *, expect_executor: bytes | None = None, max_size: int = MAX_RESULT_BYTES) -> TaskResult:

@@ -33,6 +33,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_OFFER = "unknown_offer"
     WRONG_EXECUTOR = "wrong_executor"
     TIMEOUT = "timeout"
+    RESULTS_DISAGREE = "results_disagree"  # k replicas asked for, and their results differ
     # The peer could not be dialled or the link dropped: nobody answered, which is not the same as a refusal.
     UNREACHABLE = "unreachable"
 

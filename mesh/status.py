@@ -120,10 +120,11 @@ def node_status(node: MeshNode) -> dict[str, Any]:
                 "addrs": list(beat.addrs) if beat else [],
                 "sandboxMode": beat.sandbox_mode if beat else None,
                 "freeSlots": beat.free_slots if beat else None,
+                "isolation": list(beat.isolation) if beat else [],
                 "heartbeatAgeS": round(now - beat.seen_at, 1) if beat else None,
             }
         )
-    for peer_id, beat in heard.items():  # heartbeats flood the mesh: peers we hear of but hold no connection to
+    for peer_id, beat in heard.items():  # statuses not from a neighbour: an answer to the claim desk, or a former one
         if peer_id in connected:
             continue
         peers.append(
@@ -136,6 +137,7 @@ def node_status(node: MeshNode) -> dict[str, Any]:
                 "addrs": list(beat.addrs),
                 "sandboxMode": beat.sandbox_mode,
                 "freeSlots": beat.free_slots,
+                "isolation": list(beat.isolation),
                 "heartbeatAgeS": round(now - beat.seen_at, 1),
             }
         )
@@ -145,6 +147,7 @@ def node_status(node: MeshNode) -> dict[str, Any]:
         "addrs": node.addrs,
         "sandboxMode": node.gate.reported_mode,
         "isolation": ",".join(node.executor.offered_tiers) if node.executor is not None else None,
+        "isolationTiers": sorted(node.isolation_tiers()),
         "participating": healthy,
         "gate": {
             "ok": node.gate.status.ok,
@@ -160,6 +163,8 @@ def node_status(node: MeshNode) -> dict[str, Any]:
         "queueDepth": node.intake.queue_depth,
         "queueSize": node.intake.policy.queue_size,
         "peers": peers,
+        # Runners one hop away, as the neighbours report them: whom this node could invite to claim its offers.
+        "runnersNear": [{**n.to_wire(), "via": n.via} for n in node.peers.near(exclude=(node.peer_id,))],
         "jobs": node.job_log.to_json(),
         "offersAdmitted": dict(node.intake.admitted),
         "offersRejected": {f"{t}/{r}": n for (t, r), n in node.intake.rejected.items()},

@@ -167,8 +167,9 @@ class Cluster:
         return [s for s in self.nodes if s.role in roles]
 
     async def wait_formed(self, *, timeout: float) -> bool:
-        """Until every offerer sees a fresh heartbeat from every other live node, and every subscribed node has
-        GossipSub mesh peers for offers. False when `timeout` passes first (the caller reports it)."""
+        """Until every offerer holds the status of each of its neighbours and knows of a runner (first or second
+        hand) when there are any, and every subscribed node has GossipSub mesh peers for offers. False when
+        `timeout` passes first (the caller reports it)."""
         with trio.move_on_after(timeout):
             while not self._formed():
                 await trio.sleep(0.1)
@@ -180,8 +181,13 @@ class Cluster:
         for sim in live:
             node = sim.node
             assert node is not None
-            if sim.role == "offerer" and len(node.peers.fresh()) < len(live) - 1:
-                return False
+            if sim.role == "offerer":
+                neighbours = set(node.p2p.connected_peers())
+                if not neighbours or not neighbours <= {h.peer_id for h in node.peers.fresh()}:
+                    return False
+                runners = any(s.role == "runner" for s in live)
+                if runners and not node.runner_candidates(language=None, min_isolation=None):
+                    return False
             if node.gossip.subscribed and not node.gossip.mesh_peers():
                 return False
         return True

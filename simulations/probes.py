@@ -23,15 +23,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh.node import MeshNode
+from mesh.offers import parse_offer
+from mesh.reasons import Rejected
 from transports.base import Delivery, Verdict
-from transports.gossip import HEARTBEAT_TOPIC, OFFERS_TOPIC
+from transports.gossip import OFFERS_TOPIC
 
-# Offer message ids are sha256 digests (content-addressed, see transports/gossip.py); heartbeat ids are from+seqno.
+# Offer message ids are sha256 digests (content-addressed, see transports/gossip.py); other topics' are from+seqno.
 OFFER_MSG_ID_SIZE = 32
 
 
 def digest_of(raw: bytes) -> bytes:
-    return hashlib.sha256(raw).digest()
+    """The key an offer is measured under: its offerer and id, so that the issue an offerer actually publishes
+    (re-signed with its invitees) is the offer the scenario made; the sha256 of bytes that do not parse."""
+    try:
+        offer = parse_offer(raw).offer
+    except Rejected:
+        return hashlib.sha256(raw).digest()
+    return hashlib.sha256(offer.offerer + offer.offer_id).digest()
 
 
 @dataclass
@@ -151,8 +159,8 @@ class SendCounter:
         for msg in rpc.publish:
             if OFFERS_TOPIC in msg.topicIDs:
                 c["offer_copies"] += 1
-            elif HEARTBEAT_TOPIC in msg.topicIDs:
-                c["heartbeat_copies"] += 1
+            else:
+                c["other_copies"] += 1
         if rpc.subscriptions:
             c["subscription_changes"] += len(rpc.subscriptions)
         if rpc.HasField("control"):

@@ -153,12 +153,14 @@ async def _measure(size: int, worker_count: int, idle_window: float, rng: random
 
 
 async def _wait_formed(workers: list[WorkerProcess], offerer: MeshNode, listeners: int, *, timeout: float) -> bool:
-    """Every listener has offers-mesh peers and the offerer has a fresh heartbeat from every listener."""
+    """Every listener has offers-mesh peers and the offerer has the status of each of its neighbours (presence
+    is between neighbours: nobody hears of everyone)."""
     with trio.move_on_after(timeout):
         while True:
             states = [await w.request("state") for w in workers]
             meshed = all(node["mesh"] for s in states for node in s["nodes"].values())
-            if meshed and len(offerer.peers.fresh()) >= listeners:
+            neighbours = set(offerer.p2p.connected_peers())
+            if meshed and neighbours and neighbours <= {h.peer_id for h in offerer.peers.fresh()}:
                 return True
             await trio.sleep(0.5)
     return False

@@ -7,9 +7,9 @@ from typing import Any
 import trio
 
 from executor.contract import ExecResult, Limits
-from mesh.claims import LEASE_MARGIN_S, ClaimDesk
+from mesh.claims import LEASE_MARGIN_S, ClaimDesk, ClaimJob
 from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer, TaskResult, parse_offer
+from mesh.offers import Audience, TaskOffer, TaskResult, parse_offer
 from mesh.peers import PeerDirectory
 from mesh.reasons import Reason, Rejection
 
@@ -30,15 +30,15 @@ def heartbeat(identity: NodeIdentity, mode: str = "docker") -> dict[str, Any]:
     return {"peerId": identity.peer_id, "sandboxMode": mode, "freeSlots": 2, "languages": ["python"], "addrs": []}
 
 
-def setup() -> tuple[ClaimDesk, PeerDirectory, Clock, bytes]:
+def setup(**offer: Any) -> tuple[ClaimDesk, PeerDirectory, Clock, bytes]:
     clock = Clock()
     peers = PeerDirectory(stale_after=10, monotonic=clock)
     for who in (RUNNER_A, RUNNER_B):
         peers.observe(who.peer_id, heartbeat(who))
     peers.observe(NO_SANDBOX.peer_id, heartbeat(NO_SANDBOX, "none"))
     desk = ClaimDesk(peers, monotonic=clock)
-    offer = TaskOffer.create(OFFERER, language="python", code="print(1)", limits=Limits(timeout_ms=1000))
-    received = parse_offer(offer.sign(OFFERER))
+    fields: dict[str, Any] = {"language": "python", "code": "print(1)", "limits": Limits(timeout_ms=1000), **offer}
+    received = parse_offer(TaskOffer.create(OFFERER, **fields).sign(OFFERER))
     desk.post(received)
     return desk, peers, clock, received.offer.offer_id
 
@@ -79,12 +79,87 @@ def test_a_peer_reporting_sandbox_mode_none_is_refused_a_claim() -> None:
 def test_a_claim_without_a_result_lapses_and_the_slot_reopens() -> None:
     async def main() -> None:
         desk, peers, clock, offer_id = setup()
+        job = job_of(desk, offer_id)
         assert await desk.grant_claim(offer_id, RUNNER_A.peer_id) is None
-        assert not desk.lapsed(offer_id)
+        assert not desk.lapsed(job) and desk.claimed(job)
         clock.t += 1.0 + LEASE_MARGIN_S + 0.1
-        assert desk.lapsed(offer_id)
+        assert desk.lapsed(job) and not desk.claimed(job)
+        assert desk.strikes[RUNNER_A.peer_id] == 1  # it won and never delivered: invited last from now on
+        assert not desk.lapsed(job) and desk.strikes[RUNNER_A.peer_id] == 1  # set aside: a lapse is reported once
         peers.observe(RUNNER_B.peer_id, heartbeat(RUNNER_B))  # keep B's heartbeat fresh
         assert await desk.grant_claim(offer_id, RUNNER_B.peer_id) is None
+
+    trio.run(main)
+
+
+def job_of(desk: ClaimDesk, offer_id: bytes) -> ClaimJob:
+    posted = desk.get(offer_id)
+    assert posted is not None
+    return posted.job
+
+
+def test_only_invitees_are_granted_and_a_non_invitee_is_told_so() -> None:
+    async def main() -> None:
+        desk, _, _, offer_id = setup(audience=Audience.claimed([RUNNER_B.peer_id]))
+        refused = await desk.grant_claim(offer_id, RUNNER_A.peer_id)
+        assert refused is not None and refused.reason == Reason.NOT_INVITED
+        assert await desk.grant_claim(offer_id, RUNNER_B.peer_id) is None
+        assert job_of(desk, offer_id).requests == 2 and job_of(desk, offer_id).refused == 1
+
+    trio.run(main)
+
+
+def test_a_claimant_whose_tiers_fall_short_of_the_minimum_is_refused() -> None:
+    async def main() -> None:
+        desk, _, _, offer_id = setup(min_isolation="gvisor")
+        refused = await desk.grant_claim(offer_id, RUNNER_A.peer_id)  # its heartbeat says nothing: runc
+        assert refused is not None and refused.reason == Reason.ISOLATION_INSUFFICIENT
+        assert (
+            await desk.grant_claim(offer_id, RUNNER_B.peer_id, {**heartbeat(RUNNER_B), "isolation": ["gvisor"]}) is None
+        )
+
+    trio.run(main)
+
+
+def test_the_status_sent_with_a_claim_is_the_claimants_and_no_one_is_asked() -> None:
+    async def main() -> None:
+        asked: list[str] = []
+
+        async def ask(peer: str) -> Any:
+            asked.append(peer)
+            return Rejection(Reason.UNREACHABLE, "not asked in this test")
+
+        _, peers, clock, _ = setup()
+        desk = ClaimDesk(peers, monotonic=clock, ask_status=ask)
+        stranger = NodeIdentity.generate()
+        posted = parse_offer(TaskOffer.create(OFFERER, language="python", code="1").sign(OFFERER))
+        desk.post(posted)
+        wrong = await desk.grant_claim(posted.offer.offer_id, stranger.peer_id, heartbeat(RUNNER_A))  # not its own
+        assert wrong is not None and wrong.reason == Reason.SANDBOX_UNAVAILABLE
+        assert await desk.grant_claim(posted.offer.offer_id, stranger.peer_id, heartbeat(stranger)) is None
+        assert asked == [stranger.peer_id]  # only for the claim whose status named someone else
+
+    trio.run(main)
+
+
+def test_issues_of_one_job_share_its_single_grant_and_a_late_result_for_an_earlier_issue_counts() -> None:
+    async def main() -> None:
+        desk, _, _, first_id = setup()
+        job = job_of(desk, first_id)
+        second = parse_offer(
+            TaskOffer.create(OFFERER, language="python", code="print(1)", limits=Limits(timeout_ms=1000)).sign(OFFERER)
+        )
+        desk.post(second, job)
+        assert await desk.grant_claim(first_id, RUNNER_A.peer_id) is None
+        taken = await desk.grant_claim(second.offer.offer_id, RUNNER_B.peer_id)
+        assert taken is not None and taken.reason == Reason.CLAIM_REFUSED  # one run for the work, whatever the issue
+        # A result must name the issue its claimant holds.
+        misnamed = TaskResult(second.offer.offer_id, second.digest, RUNNER_A.public_key, ExecResult(ok=True)).sign(
+            RUNNER_A
+        )
+        assert (await desk.accept_result(misnamed, RUNNER_A.peer_id)) is not None
+        assert await desk.accept_result(result_of(desk, first_id, RUNNER_A), RUNNER_A.peer_id) is None
+        assert job.done.is_set() and not desk.undelivered(job)
 
     trio.run(main)
 
@@ -146,5 +221,30 @@ def test_a_claimant_without_a_fresh_heartbeat_is_asked_directly() -> None:
         assert all(r is not None and r.reason == Reason.SANDBOX_UNAVAILABLE for r in refused)
         assert await desk.grant_claim(offers[1], RUNNER_A.peer_id) is None  # fresh heartbeat: nobody is asked
         assert asked == [newcomer.peer_id, liar.peer_id, silent.peer_id]
+
+    trio.run(main)
+
+
+def test_replicas_need_distinct_claimants_and_the_job_completes_only_with_all_their_results() -> None:
+    async def main() -> None:
+        clock = Clock()
+        peers = PeerDirectory(stale_after=10, monotonic=clock)
+        for who in (RUNNER_A, RUNNER_B):
+            peers.observe(who.peer_id, heartbeat(who))
+        desk = ClaimDesk(peers, monotonic=clock)
+        job = ClaimJob(redundancy=2)
+        first, second = (
+            parse_offer(TaskOffer.create(OFFERER, language="python", code=f"print({i})").sign(OFFERER)) for i in (1, 2)
+        )
+        desk.post(first, job)
+        desk.post(second, job)
+        assert await desk.grant_claim(first.offer.offer_id, RUNNER_A.peer_id) is None
+        twice = await desk.grant_claim(second.offer.offer_id, RUNNER_A.peer_id)
+        assert twice is not None and twice.reason == Reason.CLAIM_REFUSED  # one runner is one replica
+        assert await desk.grant_claim(second.offer.offer_id, RUNNER_B.peer_id) is None
+        assert await desk.accept_result(result_of(desk, first.offer.offer_id, RUNNER_A), RUNNER_A.peer_id) is None
+        assert not job.complete and not job.done.is_set()
+        assert await desk.accept_result(result_of(desk, second.offer.offer_id, RUNNER_B), RUNNER_B.peer_id) is None
+        assert job.complete and job.done.is_set()
 
     trio.run(main)

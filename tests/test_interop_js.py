@@ -33,12 +33,15 @@ from mesh.node import MeshNode, NodeConfig
 from mesh.offers import TaskOffer, parse_offer
 from tests.docker_support import sandbox_policy, wait_pool_ready
 from tests.interop.jspeer import JsPeer, JsPeerError, summed
-from transports.gossip import HEARTBEAT_TOPIC, MESHSUB_PROTOCOLS, OFFERS_TOPIC
+from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
 from transports.p2p import DialError
 
 pytestmark = pytest.mark.interop
 
 SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
+
+# A topic other than offers: libp2p's default message id (from || seqno), which both sides must compute alike.
+OTHER_TOPIC = "edgecoder/other/1"
 
 
 @asynccontextmanager
@@ -75,7 +78,8 @@ def peer_id_bytes(peer_id: str) -> bytes:
 def test_a_js_peer_dials_us_over_noise_and_yamux_and_we_mesh_on_gossipsub() -> None:
     async def main() -> None:
         async with our_node() as node, JsPeer.open() as js:
-            await js.call("subscribe", topic=HEARTBEAT_TOPIC)
+            await js.call("subscribe", topic=OTHER_TOPIC)
+            await node.gossip.pubsub.subscribe(OTHER_TOPIC)
             started = time.perf_counter()
             conn = await js.dial(node.addrs[0])
             connected_ms = (time.perf_counter() - started) * 1000
@@ -83,12 +87,10 @@ def test_a_js_peer_dials_us_over_noise_and_yamux_and_we_mesh_on_gossipsub() -> N
             assert (conn["encryption"], conn["multiplexer"]) == ("/noise", "/yamux/1.0.0")
 
             async def meshed() -> bool:
-                return js.peer_id in node.gossip.mesh_peers(HEARTBEAT_TOPIC) and node.peer_id in await js.mesh(
-                    HEARTBEAT_TOPIC
-                )
+                return js.peer_id in node.gossip.mesh_peers(OTHER_TOPIC) and node.peer_id in await js.mesh(OTHER_TOPIC)
 
             meshed_ms = connected_ms + 1000 * await eventually(meshed, what="both sides in each other's mesh")
-            streams = (await js.call("mesh", topic=HEARTBEAT_TOPIC))["streams"]
+            streams = (await js.call("mesh", topic=OTHER_TOPIC))["streams"]
             assert streams[node.peer_id] == "/meshsub/1.2.0"
             identify = await js.call("identify", peer=node.peer_id)
             assert [p for p in identify["protocols"] if p.startswith("/meshsub/")] == list(MESHSUB_PROTOCOLS)
@@ -98,28 +100,32 @@ def test_a_js_peer_dials_us_over_noise_and_yamux_and_we_mesh_on_gossipsub() -> N
 
             print(f"\njs peer: connected in {connected_ms:.0f} ms, both sides meshed {meshed_ms:.0f} ms after the dial")
 
-            # Our heartbeat reaches the js peer, which computes its id as we do: our PeerID bytes, then the seqno.
-            async def our_beat() -> bool:
-                return any(m["from"] == node.peer_id for m in await js.received(HEARTBEAT_TOPIC))
+            # A message of ours on a topic other than offers reaches the js peer, which computes its id as we do:
+            # our PeerID bytes, then the seqno.
+            await node.gossip.pubsub.publish(OTHER_TOPIC, b"ours")
 
-            await eventually(our_beat, what="our heartbeat at the js peer")
-            beat = next(m for m in await js.received(HEARTBEAT_TOPIC) if m["from"] == node.peer_id)
-            beat_id = bytes.fromhex(beat["msgId"])
-            assert len(beat_id) == 46 and beat_id[:-8] == peer_id_bytes(node.peer_id)
-            assert node.gossip.pubsub.seen_messages.has(beat_id)
+            async def ours_arrived() -> bool:
+                return any(m["from"] == node.peer_id for m in await js.received(OTHER_TOPIC))
 
-            # And the js peer's heartbeat (signed by js-libp2p, StrictSign) is authenticated and taken by our node.
-            heartbeat = {"peerId": js.peer_id, "sandboxMode": "none", "freeSlots": 0, "languages": [], "addrs": []}
-            await js.call("publish", topic=HEARTBEAT_TOPIC, data=pack(heartbeat).hex())
+            await eventually(ours_arrived, what="our message at the js peer")
+            ours = next(m for m in await js.received(OTHER_TOPIC) if m["from"] == node.peer_id)
+            ours_id = bytes.fromhex(ours["msgId"])
+            assert len(ours_id) == 46 and ours_id[:-8] == peer_id_bytes(node.peer_id)
+            assert node.gossip.pubsub.seen_messages.has(ours_id)
 
-            async def js_beat() -> bool:
-                return node.peers.get(js.peer_id) is not None
+            # And the js peer's message (signed by js-libp2p, StrictSign) is authenticated and cached under the same
+            # kind of id by our node.
+            await js.call("publish", topic=OTHER_TOPIC, data=pack({"from": "js"}).hex())
 
-            await eventually(js_beat, what="the js peer's heartbeat at our node")
-            js_ids = [
-                m for m in node.gossip.router.mcache.window(HEARTBEAT_TOPIC) if m[:-8] == peer_id_bytes(js.peer_id)
-            ]
-            assert len(js_ids) == 1 and len(js_ids[0]) == 46
+            def js_ids() -> list[bytes]:
+                window = node.gossip.router.mcache.window(OTHER_TOPIC)
+                return [m for m in window if m[:-8] == peer_id_bytes(js.peer_id)]
+
+            async def theirs_arrived() -> bool:
+                return bool(js_ids())
+
+            await eventually(theirs_arrived, what="the js peer's message at our node")
+            assert len(js_ids()) == 1 and len(js_ids()[0]) == 46
 
     trio.run(main)
 
@@ -134,7 +140,7 @@ def test_a_js_relay_carries_an_offer_between_two_of_our_nodes_and_it_runs_exactl
         ):
             assert runner.executor is not None
             await wait_pool_ready(runner.executor)
-            for topic in (OFFERS_TOPIC, HEARTBEAT_TOPIC):
+            for topic in (OFFERS_TOPIC,):
                 await relay.call("subscribe", topic=topic)
             await relay.dial(offerer.addrs[0])
             await relay.dial(runner.addrs[0])

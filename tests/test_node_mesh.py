@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -68,9 +69,13 @@ def test_a_gossip_offer_runs_exactly_once_and_the_offerer_verifies_the_result() 
             runners = [n for n in m["nodes"] if offer_id(raw) in n.ran]
             assert len(runners) == 1
             assert outcome.result.executor == runners[0].identity.public_key
-            # Every other node heard the offer (it was admitted by their intakes) but was refused the claim.
+            # Only the invitees took the offer (the others refused it at once, and forwarded it); at most they asked
+            # for the claim, and one got it.
             await trio.sleep(0.5)
-            assert sum(n.intake.admitted["gossip"] for n in m["nodes"]) == 3
+            taken = sum(n.intake.admitted["gossip"] for n in m["nodes"])
+            not_invited = sum(n.intake.rejected[("gossip", "not_invited")] for n in m["nodes"])
+            assert 1 <= taken <= offerer.config.invitees and taken + not_invited == 3
+            assert outcome.issues == 1 and 1 <= outcome.claim_requests <= taken
             assert sum(n.ran.count(offer_id(raw)) for n in m["nodes"]) == 1
 
     run(main)
@@ -318,8 +323,44 @@ def test_a_claim_that_lapses_without_a_result_is_re_offered_and_runs() -> None:
     run(main)
 
 
-def test_gossip_claims_do_not_wait_for_heartbeats() -> None:
-    """With heartbeats far apart, a new offerer has heard none: it asks the claimant for its status instead."""
+def test_a_claimant_that_wins_and_never_delivers_loses_priority_and_the_re_offer_goes_to_another() -> None:
+    """Claim griefing (issue 11): a runner claims every offer it is invited to and never delivers. The offerer's
+    re-issue invites the other runner, the work runs once, the griefer gets a strike, and later offers invite the
+    honest runner first (the griefer only when nobody else is known)."""
+
+    async def main() -> None:
+        async with mesh(runners=2, claim_lease_margin_s=0.5, invitees=1) as m:
+            offerer: MeshNode = m["offerer"]
+            griefer, honest = m["nodes"]
+            griefed: list[bytes] = []
+
+            async def claim_and_sit_on_it(job: Any, answer: Any) -> None:
+                if await job.delivery.claim():
+                    griefed.append(job.received.offer.offer_id)
+
+            griefer._handle = claim_and_sit_on_it
+            # Make sure the first issue goes to the griefer: strike the honest runner once, in the offerer's book.
+            offerer.desk.strikes.add(honest.peer_id)
+            first = offerer.make_offer(language="python", code="print('griefed')", limits=Limits(timeout_ms=1000))
+            outcome = await offerer.offer_gossip(first, timeout=30)
+            assert outcome.result is not None and outcome.result.executor == honest.identity.public_key
+            assert griefed == [offer_id(first)] and outcome.issues == 2
+            assert offerer.desk.strikes[griefer.peer_id] == 1
+            assert sum(n.ran.count(outcome.result.offer_id) for n in m["nodes"]) == 1
+            # Both have one strike now; a second griefing makes the griefer the one invited last.
+            offerer.desk.strikes.add(griefer.peer_id)
+            for i in range(3):
+                later = await offerer.offer_gossip(offerer.make_offer(language="python", code=f"print({i})"))
+                assert later.result is not None and later.result.executor == honest.identity.public_key
+                assert later.issues == 1 and later.claim_requests == 1
+            assert len(griefed) == 1
+
+    run(main)
+
+
+def test_a_claim_brings_the_claimants_status_so_the_offerer_need_not_know_it_or_ask() -> None:
+    """An offerer that knows nothing of a runner (no status yet, say) publishes the offer open; the runner's claim
+    carries its own status, and the desk grants on that without a round trip to ask for it."""
 
     async def main() -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -333,13 +374,95 @@ def test_gossip_claims_do_not_wait_for_heartbeats() -> None:
                 )
             )
             assert await offerer.wait_for_runner(timeout=10)
-            # Whether or not gossip's history already brought the runner's one heartbeat, the offerer has none now.
             offerer.peers.forget(runner.peer_id)
-            outcome = await offerer.offer_gossip(
-                offerer.make_offer(language="python", code="print('asked')"), timeout=20
-            )
+            asked: list[str] = []
+            ask = offerer.desk._ask_status
+
+            async def counting(peer: str) -> Any:
+                asked.append(peer)
+                return await ask(peer) if ask is not None else None
+
+            offerer.desk._ask_status = counting
+            raw = offerer.make_offer(language="python", code="print('asked')")
+            outcome = await offerer.offer_gossip(raw, timeout=20)
             assert outcome.result is not None, outcome.refusal
             assert outcome.result.result.stdout == "asked\n"
-            assert offerer.peers.sandbox_mode(runner.peer_id) == "docker"  # learnt from the status answer
+            assert asked == [] and outcome.claim_requests == 1
+
+    run(main)
+
+
+def test_runner_nodes_sharing_one_executor_and_gate_still_run_each_offer_once() -> None:
+    """How simulations run hundreds of runners on two cores: one real executor and gate per process."""
+
+    async def main() -> None:
+        from executor.runner import Executor
+        from mesh.gate import SandboxGate
+        from mesh.node import SharedSandbox
+
+        async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
+            executor = await stack.enter_async_context(Executor.open(sandbox_policy(), node_label="shared-test"))
+            gate = SandboxGate("docker", executor, interval=3600)
+            await nursery.start(gate.run)
+            shared = SharedSandbox(executor, gate)
+
+            async def start(mode: str, peers: list[str]) -> MeshNode:
+                config = NodeConfig(
+                    identity=NodeIdentity.generate(),
+                    peers=peers,
+                    sandbox_mode=mode,  # type: ignore[arg-type]
+                    executor_policy=sandbox_policy(),
+                    shared_sandbox=shared,
+                )
+                return await stack.enter_async_context(MeshNode.open(config))
+
+            first = await start("docker", [])
+            second = await start("docker", first.addrs[:1])
+            offerer = await start("none", first.addrs[:1])
+            assert await offerer.wait_for_runner(timeout=15)
+            raw = offerer.make_offer(language="python", code="print('shared')")
+            outcome = await offerer.offer_gossip(raw, timeout=30)
+            assert outcome.ok and outcome.result is not None and outcome.result.result.stdout == "shared\n"
+            assert first.ran.count(offer_id(raw)) + second.ran.count(offer_id(raw)) == 1
+            nursery.cancel_scope.cancel()  # the gate's loop: the nodes close with the stack
+
+    run(main)
+
+
+def test_replicas_run_on_distinct_runners_and_a_liar_among_them_is_caught() -> None:
+    """k-of-k replication (issue 11): two distinct runners run the offer and their results must agree; a runner
+    that reports another output than the program's makes the offer `results_disagree`, never a wrong success."""
+
+    async def main() -> None:
+        async with mesh(runners=3) as m:
+            offerer: MeshNode = m["offerer"]
+            raw = offerer.make_offer(language="python", code=SUM, input={"xs": [2, 3]})
+            outcome = await offerer.offer_gossip(raw, timeout=30, replicas=2)
+            assert outcome.result is not None and outcome.result.result.stdout == "5\n", outcome.refusal
+            executors = {r.executor for r in outcome.replicas}
+            assert len(outcome.replicas) == 2 and len(executors) == 2
+            assert sum(n.ran.count(offer_id(raw)) for n in m["nodes"]) == 2
+
+            liar: MeshNode = m["nodes"][0]
+            assert liar.executor is not None
+            honest_run = liar.executor.run_code
+
+            async def invent(request: Any, **options: Any) -> Any:
+                result = await honest_run(request, **options)
+                return dataclasses.replace(result, stdout="42\n")
+
+            liar.executor.run_code = invent  # type: ignore[method-assign]
+            # Two replicas among three runners: keep offering until the liar is one of them (it is, soon).
+            for i in range(6):
+                disputed = await offerer.offer_gossip(
+                    offerer.make_offer(language="python", code=SUM, input={"xs": [i, 1]}), timeout=30, replicas=2
+                )
+                if any(r.executor == liar.identity.public_key for r in disputed.replicas):
+                    assert disputed.result is None and disputed.refusal is not None
+                    assert disputed.refusal.reason == Reason.RESULTS_DISAGREE
+                    break
+                assert disputed.ok
+            else:
+                raise AssertionError("the liar was never a replica")
 
     run(main)

@@ -70,12 +70,16 @@ class FakeDesk:
 
     def __init__(self) -> None:
         self.claims: list[tuple[bytes, str]] = []
+        self.statuses: list[dict[str, Any] | None] = []
         self.results: list[tuple[bytes, str]] = []
         self.claim_answer: Rejection | None = None
         self.result_answer: Rejection | None = None
 
-    async def grant_claim(self, offer_id: bytes, claimant: str) -> Rejection | None:
+    async def grant_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None = None
+    ) -> Rejection | None:
         self.claims.append((offer_id, claimant))
+        self.statuses.append(status)
         return self.claim_answer
 
     async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:

@@ -34,7 +34,6 @@ from mesh.identity import NodeIdentity
 from tests.test_p2p_fakes import LOOPBACK, run_trio, wait_until
 from tests.test_p2p_gossip import check_offer, link, nodes
 from transports.gossip import (
-    HEARTBEAT_TOPIC,
     MESHSUB_PROTOCOLS,
     OFFERS_TOPIC,
     MessageIdCache,
@@ -43,6 +42,9 @@ from transports.gossip import (
 from transports.p2p import DialError, P2PHost, open_host
 
 UNSPECIFIED_MESHSUB = ("/meshsub/1.3.0", "/meshsub/1.4.0", "/meshsub/2.0.0")
+
+# Any topic but the offers topic gets the libp2p default id (from || seqno).
+OTHER_TOPIC = "edgecoder/other/1"
 
 
 def pubsub_message(topic: str, data: bytes, *, sender: bytes = b"\x00\x24peer", seqno: int = 1) -> rpc_pb2.Message:
@@ -56,8 +58,8 @@ def test_message_ids_are_sha256_of_the_data_for_offers_and_from_seqno_for_heartb
     offer = pubsub_message(OFFERS_TOPIC, b"an offer", sender=b"\x00\x24alice", seqno=7)
     same_bytes_other_sender = pubsub_message(OFFERS_TOPIC, b"an offer", sender=b"\x00\x24bob", seqno=9)
     assert message_id(offer) == hashlib.sha256(b"an offer").digest() == message_id(same_bytes_other_sender)
-    beat = pubsub_message(HEARTBEAT_TOPIC, b"same body", sender=b"\x00\x24alice", seqno=7)
-    next_beat = pubsub_message(HEARTBEAT_TOPIC, b"same body", sender=b"\x00\x24alice", seqno=8)
+    beat = pubsub_message(OTHER_TOPIC, b"same body", sender=b"\x00\x24alice", seqno=7)
+    next_beat = pubsub_message(OTHER_TOPIC, b"same body", sender=b"\x00\x24alice", seqno=8)
     assert message_id(beat) == b"\x00\x24alice" + (7).to_bytes(8, "big")
     assert message_id(beat) != message_id(next_beat)  # identical heartbeats are still two heartbeats
 
@@ -78,11 +80,11 @@ def test_our_cache_is_keyed_by_message_id_and_ages_through_upstreams_own_window_
     digest = hashlib.sha256(b"offer").digest()
     cache.put(offer)
     cache.put(pubsub_message(OFFERS_TOPIC, b"offer", sender=b"\x00\x24bob", seqno=4))  # the same offer, relayed
-    beat = pubsub_message(HEARTBEAT_TOPIC, b"beat", sender=b"\x00\x24alice", seqno=5)
+    beat = pubsub_message(OTHER_TOPIC, b"beat", sender=b"\x00\x24alice", seqno=5)
     cache.put(beat)
     # upstream's `window`, `get` and `shift` read what our `put` wrote
     assert cache.window(OFFERS_TOPIC) == [digest]
-    assert cache.window(HEARTBEAT_TOPIC) == [b"\x00\x24alice" + (5).to_bytes(8, "big")]
+    assert cache.window(OTHER_TOPIC) == [b"\x00\x24alice" + (5).to_bytes(8, "big")]
     assert cache.get(digest) is offer
     assert cache.get(b"\x00\x24alice" + (3).to_bytes(8, "big")) is None
     for _ in range(3):

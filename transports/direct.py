@@ -34,6 +34,7 @@ from mesh.codec import pack, unpack_strict
 from mesh.offers import MAX_RESULT_BYTES, OFFER_ID_SIZE
 from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, OfferSink
+from transports.control import CONTROL_PROTOCOL, ControlChannels, serve_control
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
 from transports.p2p import DialError, P2PHost
 
@@ -47,11 +48,14 @@ RESULT_PROTOCOL = "/edgecoder/result/1.0.0"
 STATUS_PROTOCOL = "/edgecoder/status/1.0.0"
 # The offerer of a gossip offer tells its claimant that it stopped waiting.
 ABORT_PROTOCOL = "/edgecoder/abort/1.0.0"
+# A node's status pushed to a neighbour when it changes (transports.presence); answered with an ack.
+PRESENCE_PROTOCOL = "/edgecoder/presence/1.0.0"
 
 # A signed result plus the answer map around it.
 MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
-# A claim request or any answer other than a result: a type, an id, a reason and a short detail.
-MAX_CONTROL_FRAME = 4 * 1024
+# A claim request or any answer other than a result: a type, an id, a reason and a short detail; a status with its
+# addresses and the runners it reports.
+MAX_CONTROL_FRAME = 8 * 1024
 # Bounds a write to a peer that stopped reading (its yamux window is full).
 WRITE_TIMEOUT = 5.0
 
@@ -72,13 +76,17 @@ _ANSWER_FRAME_REASONS = {
 ABORT_SEND_TIMEOUT = 1.0
 # Asked whether a peer's offer with this id is pending here; True when one was cancelled.
 AbortFn = Callable[[str, bytes], bool]
+# Told of a status a neighbour pushed: (its PeerID, the status).
+PresenceFn = Callable[[str, dict[str, Any]], object]
 
 
 class OfferDesk(Protocol):
     """The offerer's side of claims and results. Implemented by `mesh.claims`."""
 
-    async def grant_claim(self, offer_id: bytes, claimant: str) -> Rejection | None:
-        """None grants the claim."""
+    async def grant_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None = None
+    ) -> Rejection | None:
+        """None grants the claim. `status` is the claimant's own, sent with its request."""
         ...
 
     async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:
@@ -106,6 +114,11 @@ def decode_answer(frame: bytes, expected: str) -> dict[str, Any] | Rejection:
         answer = unpack_strict(frame, max_size=MAX_RESULT_FRAME)
     except Rejected as exc:
         return Rejection(Reason.MALFORMED, f"answer: {exc.rejection.detail}")
+    return checked_answer(answer, expected)
+
+
+def checked_answer(answer: Any, expected: str) -> dict[str, Any] | Rejection:
+    """An answer map (decoded) of type `expected`, or the peer's refusal, or `malformed` for anything else."""
     if not isinstance(answer, dict):
         return Rejection(Reason.MALFORMED, "answer is not a map")
     kind = answer.get("type")
@@ -201,10 +214,12 @@ class DirectTransport:
         result_timeout: float = 120.0,
         status: Callable[[], dict[str, Any]] | None = None,
         abort: AbortFn | None = None,
+        presence: PresenceFn | None = None,
     ) -> None:
         self.host = host
         self.status = status
         self.abort = abort
+        self.presence = presence
         self.sink: OfferSink | None = None  # set by run(): offers are refused until then
         self.desk = desk
         self.max_frame = max_frame
@@ -214,6 +229,10 @@ class DirectTransport:
         self.refused: Counter[str] = Counter()
         self.active_handlers = 0
         self.aborted = 0  # jobs cancelled because their offerer stopped waiting
+        # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;
+        # the client methods fall back to a stream per exchange otherwise.
+        self.control = ControlChannels(host, max_answer=MAX_CONTROL_FRAME, frame_timeout=stall_timeout)
+        self.use_control = True
 
     async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the direct protocols until cancelled; the client methods work whether or not this runs."""
@@ -226,12 +245,18 @@ class DirectTransport:
             handlers[STATUS_PROTOCOL] = self._serve_status
         if self.abort is not None:
             handlers[ABORT_PROTOCOL] = self._serve_abort
+        if self.presence is not None:
+            handlers[PRESENCE_PROTOCOL] = self._serve_presence
+        handlers[CONTROL_PROTOCOL] = self._serve_control
         self.sink = sink
         for protocol, serve in handlers.items():
             self.host.set_handler(protocol, self._guarded(serve))
         try:
-            task_status.started()
-            await trio.sleep_forever()
+            async with trio.open_nursery() as nursery:
+                if self.use_control:
+                    await nursery.start(self.control.run)
+                task_status.started()
+                await trio.sleep_forever()
         finally:
             for protocol in handlers:
                 self.host.remove_handler(protocol)
@@ -309,19 +334,16 @@ class DirectTransport:
         job.cancel()
         waiting.cancel()
 
+    # The one-exchange protocols: one request frame, one answer, on a stream of its own. Each decision is shared
+    # with the control stream (`_dispatch`), so both answer alike.
+
     async def _serve_abort(self, stream: INetStream) -> None:
         request = await self._read_control(stream, "abort")
-        if request is None:
-            return
-        assert self.abort is not None
-        if self.abort(_remote_peer(stream), request["offerId"]):
-            self.aborted += 1
-            await _send(stream, {"type": "ack"})
-        else:
-            await self._refuse(stream, Rejection(Reason.UNKNOWN_OFFER, "no pending offer of yours has that id here"))
+        if request is not None:
+            await self._send_answer(stream, await self._decide_abort(request, _remote_peer(stream)))
 
     async def _read_control(self, stream: INetStream, kind: str) -> dict[str, Any] | None:
-        """A `{type: kind, offerId: 16 bytes}` request, or None once a refusal has been sent."""
+        """A `{type: kind, ...}` request map, or None once a refusal has been sent."""
         frame = await self._read_request(stream, MAX_CONTROL_FRAME)
         if frame is None:
             return None
@@ -329,41 +351,111 @@ class DirectTransport:
         if isinstance(request, Rejection):
             await self._refuse(stream, request)
             return None
-        offer_id = request.get("offerId") if request.get("type") == kind else None
-        if not isinstance(offer_id, bytes) or len(offer_id) != OFFER_ID_SIZE:
-            await self._refuse(stream, Rejection(Reason.MALFORMED, f"expected {{type: {kind}, offerId: 16 bytes}}"))
-            return None
         return request
 
     async def _serve_claim(self, stream: INetStream) -> None:
         request = await self._read_control(stream, "claim")
-        if request is None:
-            return
-        await self._answer_from_desk(stream, self.desk.grant_claim(request["offerId"], _remote_peer(stream)), "grant")
+        if request is not None:
+            await self._send_answer(stream, await self._decide_claim(request, _remote_peer(stream)))
 
     async def _serve_result(self, stream: INetStream) -> None:
         raw = await self._read_request(stream, MAX_RESULT_FRAME)
-        if raw is None:
-            return
-        await self._answer_from_desk(stream, self.desk.accept_result(raw, _remote_peer(stream)), "ack")
+        if raw is not None:
+            await self._send_answer(stream, await self._decide_result(raw, _remote_peer(stream)))
 
     async def _serve_status(self, stream: INetStream) -> None:
-        request = await self._read_request(stream, MAX_CONTROL_FRAME)
-        if request is None:
-            return
-        assert self.status is not None
-        await _send(stream, {"type": "status", "heartbeat": self.status()})
+        if await self._read_request(stream, MAX_CONTROL_FRAME) is not None:
+            await self._send_answer(stream, self._decide_status())
 
-    async def _answer_from_desk(self, stream: INetStream, decision: Awaitable[Rejection | None], ok: str) -> None:
+    async def _serve_presence(self, stream: INetStream) -> None:
+        request = await self._read_control(stream, "presence")
+        if request is not None:
+            await self._send_answer(stream, self._decide_presence(request, _remote_peer(stream)))
+
+    async def _serve_control(self, stream: INetStream) -> None:
+        await serve_control(
+            stream,
+            self._dispatch,
+            max_request=lambda kind: MAX_RESULT_FRAME if kind == "result" else MAX_CONTROL_FRAME,
+            max_frame=MAX_RESULT_FRAME,
+            frame_timeout=self.stall_timeout,
+        )
+
+    async def _send_answer(self, stream: INetStream, answer: dict[str, Any]) -> None:
+        if answer.get("type") == "refusal":
+            self.refused[str(answer.get("reason"))] += 1
+        await _send(stream, answer)
+
+    # -- decisions: the same whether the request came on a stream of its own or on the control stream -----------
+
+    async def _dispatch(self, kind: str, request: dict[str, Any], sender: str) -> dict[str, Any]:
+        if kind == "claim":
+            answer = await self._decide_claim(request, sender)
+        elif kind == "result":
+            raw = request.get("result")
+            answer = (
+                await self._decide_result(raw, sender)
+                if isinstance(raw, bytes)
+                else refusal_message(Rejection(Reason.MALFORMED, "expected {type: result, result: bytes}"))
+            )
+        elif kind == "status" and self.status is not None:
+            answer = self._decide_status()
+        elif kind == "presence" and self.presence is not None:
+            answer = self._decide_presence(request, sender)
+        elif kind == "abort" and self.abort is not None:
+            answer = await self._decide_abort(request, sender)
+        else:
+            answer = refusal_message(Rejection(Reason.MALFORMED, f"no such request here: {kind[:32]!r}"))
+        if answer.get("type") == "refusal":
+            self.refused[str(answer.get("reason"))] += 1
+        return answer
+
+    @staticmethod
+    def _offer_id_of(request: dict[str, Any], kind: str) -> bytes | Rejection:
+        offer_id = request.get("offerId") if request.get("type") == kind else None
+        if not isinstance(offer_id, bytes) or len(offer_id) != OFFER_ID_SIZE:
+            return Rejection(Reason.MALFORMED, f"expected {{type: {kind}, offerId: 16 bytes}}")
+        return offer_id
+
+    async def _decide_claim(self, request: dict[str, Any], sender: str) -> dict[str, Any]:
+        offer_id = self._offer_id_of(request, "claim")
+        if isinstance(offer_id, Rejection):
+            return refusal_message(offer_id)
+        status = request.get("status")
+        decision = self.desk.grant_claim(offer_id, sender, status if isinstance(status, dict) else None)
+        return await self._from_desk(decision, "grant")
+
+    async def _decide_result(self, raw: bytes, sender: str) -> dict[str, Any]:
+        return await self._from_desk(self.desk.accept_result(raw, sender), "ack")
+
+    def _decide_status(self) -> dict[str, Any]:
+        assert self.status is not None
+        return {"type": "status", "heartbeat": self.status()}
+
+    def _decide_presence(self, request: dict[str, Any], sender: str) -> dict[str, Any]:
+        status = request.get("status") if request.get("type") == "presence" else None
+        if not isinstance(status, dict):
+            return refusal_message(Rejection(Reason.MALFORMED, "expected {type: presence, status: map}"))
+        assert self.presence is not None
+        self.presence(sender, status)  # a status naming another peer than the sender is ignored by the directory
+        return {"type": "ack"}
+
+    async def _decide_abort(self, request: dict[str, Any], sender: str) -> dict[str, Any]:
+        offer_id = self._offer_id_of(request, "abort")
+        if isinstance(offer_id, Rejection):
+            return refusal_message(offer_id)
+        assert self.abort is not None
+        if self.abort(sender, offer_id):
+            self.aborted += 1
+            return {"type": "ack"}
+        return refusal_message(Rejection(Reason.UNKNOWN_OFFER, "no pending offer of yours has that id here"))
+
+    async def _from_desk(self, decision: Awaitable[Rejection | None], ok: str) -> dict[str, Any]:
         # The desk is local and should answer at once; the bound keeps a slow one from pinning the stream.
         with trio.move_on_after(self.stall_timeout):
             rejection = await decision
-            if rejection is None:
-                await _send(stream, {"type": ok})
-            else:
-                await self._refuse(stream, rejection)
-            return
-        await self._refuse(stream, Rejection(Reason.TIMEOUT, "the offerer did not decide in time"))
+            return {"type": ok} if rejection is None else refusal_message(rejection)
+        return refusal_message(Rejection(Reason.TIMEOUT, "the offerer did not decide in time"))
 
     # -- client side -------------------------------------------------------------------------------------------
 
@@ -427,27 +519,37 @@ class DirectTransport:
             return DirectAnswer(None, Rejection(Reason.MALFORMED, "result answer carries no bytes"))
         return DirectAnswer(result, None)
 
+    async def _ask(
+        self, peer: str, message: dict[str, Any], expected: str, *, legacy: tuple[str, bytes], answer_timeout: float
+    ) -> dict[str, Any] | Rejection:
+        """One request and its answer: on our control stream to the peer, or, for a peer that does not speak it,
+        on a stream of its own (`legacy`: that protocol and its request frame)."""
+        answer = await self.control.request(peer, message, timeout=answer_timeout)
+        if answer is None:
+            protocol, payload = legacy
+            return await self._exchange(
+                peer, protocol, payload, expected, answer_timeout=answer_timeout, max_answer=MAX_CONTROL_FRAME
+            )
+        if isinstance(answer, Rejection):
+            return answer
+        return checked_answer(answer, expected)
+
     async def request_claim(self, peer: str, offer_id: bytes) -> Rejection | None:
-        """Ask the offerer for the right to run `offer_id`. None means granted."""
-        answer = await self._exchange(
-            peer,
-            CLAIM_PROTOCOL,
-            pack({"type": "claim", "offerId": offer_id}),
-            "grant",
-            answer_timeout=self.stall_timeout,
-            max_answer=MAX_CONTROL_FRAME,
+        """Ask the offerer for the right to run `offer_id`, telling it our status (so it need not ask). None means
+        granted."""
+        request: dict[str, Any] = {"type": "claim", "offerId": offer_id}
+        if self.status is not None:
+            request["status"] = self.status()
+        answer = await self._ask(
+            peer, request, "grant", legacy=(CLAIM_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
         )
         return answer if isinstance(answer, Rejection) else None
 
     async def request_status(self, peer: str) -> dict[str, Any] | Rejection:
-        """A peer's current heartbeat, straight from the peer."""
-        answer = await self._exchange(
-            peer,
-            STATUS_PROTOCOL,
-            pack({"type": "status"}),
-            "status",
-            answer_timeout=self.stall_timeout,
-            max_answer=MAX_CONTROL_FRAME,
+        """A peer's current status, straight from the peer."""
+        request = {"type": "status"}
+        answer = await self._ask(
+            peer, request, "status", legacy=(STATUS_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
         )
         if isinstance(answer, Rejection):
             return answer
@@ -456,26 +558,29 @@ class DirectTransport:
             return Rejection(Reason.MALFORMED, "status answer carries no heartbeat")
         return heartbeat
 
+    async def push_status(self, peer: str, status: dict[str, Any]) -> Rejection | None:
+        """Tell a neighbour our status (it changed, or it is time to refresh). None means acknowledged."""
+        request = {"type": "presence", "status": status}
+        answer = await self._ask(
+            peer, request, "ack", legacy=(PRESENCE_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
+        )
+        return answer if isinstance(answer, Rejection) else None
+
     async def send_abort(self, peer: str, offer_id: bytes) -> Rejection | None:
         """Tell a claimant that this node, the offerer, no longer waits for `offer_id`. None means it stopped it."""
-        answer = await self._exchange(
-            peer,
-            ABORT_PROTOCOL,
-            pack({"type": "abort", "offerId": offer_id}),
-            "ack",
-            answer_timeout=ABORT_SEND_TIMEOUT,
-            max_answer=MAX_CONTROL_FRAME,
+        request = {"type": "abort", "offerId": offer_id}
+        answer = await self._ask(
+            peer, request, "ack", legacy=(ABORT_PROTOCOL, pack(request)), answer_timeout=ABORT_SEND_TIMEOUT
         )
         return answer if isinstance(answer, Rejection) else None
 
     async def send_result(self, peer: str, result_raw: bytes) -> Rejection | None:
         """Carry a signed result back to the offerer. None means acknowledged."""
-        answer = await self._exchange(
+        answer = await self._ask(
             peer,
-            RESULT_PROTOCOL,
-            result_raw,
+            {"type": "result", "result": result_raw},
             "ack",
+            legacy=(RESULT_PROTOCOL, result_raw),
             answer_timeout=self.stall_timeout,
-            max_answer=MAX_CONTROL_FRAME,
         )
         return answer if isinstance(answer, Rejection) else None

@@ -1,20 +1,18 @@
-"""GossipSub: offers heard by the whole mesh, and each node's signed heartbeat.
+"""GossipSub: offers heard by the whole mesh.
 
-Two topics. On `edgecoder/offers/1` a topic validator runs the intake's cheap checks and the offer signature before
+One topic, `edgecoder/offers/1`. A topic validator runs the intake's cheap checks and the offer signature before
 libp2p forwards anything, so an invalid offer stops at the first honest hop. Every node is in the offers mesh and
 forwards valid offers, seeds and relays that cannot sandbox included (a mesh whose routers dropped out would cut
-offerers off from runners); a node hands offers to its intake only while it participates. On
-`edgecoder/heartbeat/1` every node publishes `pack(heartbeat())` once per `heartbeat_interval`; libp2p's strict
-signing authenticates the sender, and a heartbeat whose `peerId` is not that sender is refused by the validator (and
-so not forwarded either).
+offerers off from runners); a node hands offers to its intake only while it participates, and its intake takes only
+those whose audience invites it. Presence (who can run what) is not flooded: it travels between neighbours only
+(`transports.presence`).
 
 One message id per topic (`message_id`, written byte for byte in docs/protocol.md), used everywhere an id is:
 
 - offers: sha256 of the message data (the signed offer's wire bytes), so one offer re-published or heard through two
   paths is one message and reaches each sink once;
-- heartbeats (and any other topic): the libp2p spec's default, `from || seqno` (the sender's PeerID bytes, then the
-  8-byte big-endian seqno). Two heartbeats with identical content are still two heartbeats, and any implementation
-  can compute it from the message alone.
+- any other topic: the libp2p spec's default, `from || seqno` (the sender's PeerID bytes, then the 8-byte big-endian
+  seqno), which any implementation can compute from the message alone.
 
 py-libp2p hands `msg_id_constructor` to its seen cache, validation cache and IDONTWANT, but its message cache keys
 entries by `from + seqno` whatever the constructor says (`pubsub/mcache.py`), and IHAVE and IWANT are built from that
@@ -33,8 +31,8 @@ libp2p defaults overridden here, and why:
 - `seen_ttl` 11 minutes (default 120 s): an offer lives at most 10 minutes plus 30 s of clock skew, and gossip should
   not hand the same offer to the intake twice while it is still valid (the intake's replay check stays the backstop).
 - `max_messages_per_topic_per_second=FORWARD_LIMIT_PER_TOPIC` (default 10): the limit applies per *forwarding* peer
-  per topic, and a neighbour relays the heartbeats of every node behind it. At 10/s a mesh of more than ten nodes
-  would silently lose heartbeats. 50/s carries the heartbeats of ~45 nodes with room for offers.
+  per topic, and a neighbour relays the offers of every offerer behind it: at 10/s the mesh would silently drop
+  offers past ten a second. 50/s leaves room for bursts (each node also paces its own publishes).
 - `unsubscribe_back_off=1` (default 10 s): a peer that leaves and rejoins a topic
   should be back in the mesh within a couple of heartbeats, not ten seconds later.
 - `strict_signing=True` (already the default; stated so it cannot silently change).
@@ -61,7 +59,6 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
-from mesh.codec import pack, unpack_strict
 from mesh.identity import peer_id_of
 from mesh.offers import parse_offer
 from mesh.reasons import Reason, Rejected, Rejection
@@ -72,20 +69,16 @@ from transports.p2p import P2PHost
 log = logging.getLogger(__name__)
 
 OFFERS_TOPIC = "edgecoder/offers/1"
-HEARTBEAT_TOPIC = "edgecoder/heartbeat/1"
 
 FORWARD_LIMIT_PER_TOPIC = 50.0
 # At most 20 offers/s from this node: well under the forward limit and the 32-deep queues at loopback/LAN speeds.
 OFFER_PUBLISH_INTERVAL = 0.05
 SEEN_TTL_SECONDS = 11 * 60
-MAX_HEARTBEAT_BYTES = 8 * 1024
 # Received offers wait here for the intake; past this many the newest are dropped and counted, never silently.
 DELIVERY_QUEUE = 256
 # The GossipSub versions we offer, best first. Nothing past 1.2: see the module docstring.
 MESHSUB_PROTOCOLS: tuple[TProtocol, ...] = (PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID)
 
-HeartbeatFn = Callable[[], dict[str, Any]]
-OnHeartbeatFn = Callable[[str, dict[str, Any]], None]
 ValidateFn = Callable[[bytes], Rejection | None]
 HeardFn = Callable[[bytes, str], None]
 
@@ -154,9 +147,6 @@ class GossipTransport:
         direct: DirectTransport,
         *,
         validate: ValidateFn,
-        heartbeat: HeartbeatFn,
-        on_heartbeat: OnHeartbeatFn,
-        heartbeat_interval: float = 15.0,
         forward_offers: bool = True,
     ) -> None:
         self.host = host
@@ -166,10 +156,7 @@ class GossipTransport:
         self.sink: OfferSink | None = None  # set by run()
         self.direct = direct
         self.validate = validate
-        self.heartbeat = heartbeat
-        self.on_heartbeat = on_heartbeat
-        self.heartbeat_interval = heartbeat_interval
-        # Counters: offers rejected by reason, heartbeats refused, queue drops, deliveries.
+        # Counters: offers rejected by reason, queue drops, deliveries.
         self.stats: Counter[str] = Counter()
         self.router = GossipRouter()
         self.pubsub = host.new_pubsub(
@@ -195,10 +182,8 @@ class GossipTransport:
         for protocol in self.router.get_protocols():
             host.set_handler(protocol, self._read_pubsub_stream)
         self.pubsub.set_topic_validator(OFFERS_TOPIC, self._offer_is_valid, False)
-        self.pubsub.set_topic_validator(HEARTBEAT_TOPIC, self._heartbeat_is_valid, False)
         self._nursery: trio.Nursery | None = None
         self._publish_lock = trio.Lock()
-        self._beat_now = trio.Event()
         self._next_publish = 0.0
 
     @property
@@ -217,7 +202,7 @@ class GossipTransport:
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     async def run(self, sink: OfferSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run pubsub, the router, the heartbeat and the readers until cancelled. Start with `nursery.start`."""
+        """Run pubsub, the router and the offer readers until cancelled. Start with `nursery.start`."""
         self.sink = sink
         async with background_trio_service(self.pubsub), background_trio_service(self.router):
             await self.pubsub.wait_until_ready()
@@ -225,8 +210,6 @@ class GossipTransport:
             try:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    heartbeats = await self.pubsub.subscribe(HEARTBEAT_TOPIC)
-                    nursery.start_soon(self._read_heartbeats, heartbeats)
                     # Every node is in the offers mesh and forwards valid offers (seeds and relays included), whether
                     # it takes them or not: taking is the sink's `participating`, read for each offer.
                     if self.forward_offers:
@@ -234,7 +217,6 @@ class GossipTransport:
                         queue_in, queue_out = trio.open_memory_channel[rpc_pb2.Message](DELIVERY_QUEUE)
                         nursery.start_soon(self._read_offers, offers, queue_in)
                         nursery.start_soon(self._deliver_offers, queue_out)
-                    nursery.start_soon(self._publish_heartbeats)
                     task_status.started()
                     await trio.sleep_forever()
             finally:
@@ -368,52 +350,3 @@ class GossipTransport:
         """The offerer's PeerID first when we are already connected to it, then its advertised addresses."""
         connected = [offerer] if offerer in self.host.connected_peers() else []
         return connected + targets
-
-    # -- heartbeats --------------------------------------------------------------------------------------------
-
-    def beat_now(self) -> None:
-        """Publish a heartbeat at once (the node calls this when its sandbox mode changes)."""
-        self._beat_now.set()
-
-    async def _publish_heartbeats(self) -> None:
-        while True:
-            self._beat_now = trio.Event()
-            try:
-                await self.pubsub.publish(HEARTBEAT_TOPIC, pack(self.heartbeat()))
-            except Exception:  # one bad heartbeat (say, an unpackable field) must not end the loop
-                log.exception("could not publish a heartbeat")
-            with trio.move_on_after(self.heartbeat_interval):
-                await self._beat_now.wait()
-
-    def _decode_heartbeat(self, msg: rpc_pb2.Message) -> dict[str, Any] | None:
-        try:
-            beat = unpack_strict(bytes(msg.data), max_size=MAX_HEARTBEAT_BYTES)
-        except Rejected:
-            return None
-        if len(msg.data) > MAX_HEARTBEAT_BYTES or not isinstance(beat, dict):
-            return None
-        return beat
-
-    def _heartbeat_is_valid(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
-        beat = self._decode_heartbeat(msg)
-        if beat is None:
-            self.stats["heartbeat_malformed"] += 1
-            return False
-        if beat.get("peerId") != _sender(msg):
-            self.stats["heartbeat_wrong_peer"] += 1
-            return False
-        return True
-
-    async def _read_heartbeats(self, subscription: Any) -> None:
-        async for msg in subscription:
-            sender = _sender(msg)
-            if sender == self.host.peer_id:
-                continue
-            beat = self._decode_heartbeat(msg)
-            if beat is None:  # the validator already refused these; kept for safety
-                continue
-            self.stats["heartbeat_seen"] += 1
-            try:
-                self.on_heartbeat(sender, beat)
-            except Exception:
-                log.exception("on_heartbeat raised for %s", sender)

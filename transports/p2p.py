@@ -191,6 +191,12 @@ class P2PHost:
         self.peer_id: str = host.get_id().to_base58()
         self.dial_timeout = dial_timeout
         self.stream_timeout = stream_timeout
+        self._connection_listeners = ConnectionListeners()
+        host.get_network().register_notifee(self._connection_listeners)
+
+    def on_connection(self, listener: Callable[[str, bool], None]) -> None:
+        """`listener(peer_id, connected)` on every connect and disconnect; it must not block (see the notifee)."""
+        self._connection_listeners.listeners.append(listener)
 
     @property
     def addrs(self) -> list[str]:
@@ -329,6 +335,40 @@ def describe_connection(peer_id: str, conn: Any) -> PeerConnection:
     except Exception:
         relayed = False
     return PeerConnection(peer_id, name, addrs, relayed or any(is_circuit(a) for a in addrs))
+
+
+class ConnectionListeners(INotifee):
+    """Tells listeners of each peer that connects or disconnects (`P2PHost.on_connection`). libp2p awaits notifees
+    inline, so a listener must only take note (set an event, send without blocking), never wait."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[str, bool], None]] = []
+
+    def _tell(self, conn: INetConn, connected: bool) -> None:
+        peer_id = conn.muxed_conn.peer_id.to_base58()
+        for listener in self.listeners:
+            try:
+                listener(peer_id, connected)
+            except Exception:  # a listener's bug must not break libp2p's connection handling
+                log.exception("connection listener failed", peer=peer_id)
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self._tell(conn, True)
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self._tell(conn, False)
+
+    async def listen(self, network: INetwork, addr: multiaddr.Multiaddr) -> None:
+        return None
+
+    async def listen_close(self, network: INetwork, addr: multiaddr.Multiaddr) -> None:
+        return None
 
 
 class PeerEventLog(INotifee):

@@ -11,6 +11,7 @@ import subprocess
 import time
 from typing import Any
 
+from executor.backends import SandboxBackend, backend_for
 from executor.container_config import SANDBOX_UID_BASE, build_container_config
 from executor.contract import Language, Limits
 from executor.policy import ExecutorPolicy
@@ -39,17 +40,22 @@ def print_figures(figures: dict[str, tuple[float, float]]) -> None:
         print(f"{name:<{width}}{p50:>10.1f}{p95:>10.1f}")
 
 
-def cli_command(policy: ExecutorPolicy, language: Language = "python") -> list[str]:
-    """`docker run --rm` with the image and every flag of the node's containers, read from its config, running the
-    trivial task of `language` (`python3 -I -S -c CODE` or `node -e JS_CODE`).
+def cli_command(
+    policy: ExecutorPolicy, language: Language = "python", backend: SandboxBackend | None = None
+) -> list[str]:
+    """`docker run --rm` with the image and every flag of the node's containers of a tier (runc by default), read
+    from its config, running the trivial task of `language` (`python3 -I -S -c CODE` or `node -e JS_CODE`).
 
     MaskedPaths and ReadonlyPaths have no CLI flag: the baseline keeps Docker's own defaults for them.
     """
-    config = build_container_config(policy.clamp(Limits(timeout_ms=5000)), policy, labels={}, uid=SANDBOX_UID_BASE)
+    backend = backend or backend_for("runc")
+    limits = policy.clamp(Limits(timeout_ms=5000))
+    config = build_container_config(limits, policy, labels={}, uid=SANDBOX_UID_BASE, backend=backend)
     host: dict[str, Any] = dict(config["host_config"])
     host.pop("MaskedPaths")
     host.pop("ReadonlyPaths")
     flags = [
+        f"--runtime={host.pop('Runtime')}",
         f"--network={host.pop('NetworkMode')}",
         f"--memory={host.pop('Memory')}b",
         f"--memory-swap={host.pop('MemorySwap')}b",
@@ -77,8 +83,8 @@ def cli_command(policy: ExecutorPolicy, language: Language = "python") -> list[s
     return ["docker", "run", "--rm", "-i", *flags, config["image"], *program]
 
 
-def bench_cli(policy: ExecutorPolicy, runs: int) -> list[float]:
-    command = cli_command(policy)
+def bench_cli(policy: ExecutorPolicy, runs: int, backend: SandboxBackend | None = None) -> list[float]:
+    command = cli_command(policy, backend=backend)
     return [run_cli_once(command) for _ in range(runs)]
 
 

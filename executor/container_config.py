@@ -1,7 +1,9 @@
 """The one place where a sandbox container's configuration is decided.
 
-Every container the node creates (pooled or cold) is made from `build_container_config`, and a unit test pins
-the whole dict, so a flag cannot drift silently.
+Every container the node creates (pooled or cold, under any tier) is made from `build_container_config`, and a unit
+test pins the whole dict for each tier, so a flag cannot drift silently. The hardening here is shared by every
+tier; a backend (executor/backends/) adds only its runtime's own keys: the runtime name, and under gVisor the
+host's pids ceiling sized for gVisor's own threads.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from executor.backends import SandboxBackend
 from executor.bootstrap import BOOTSTRAP
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
@@ -23,6 +26,9 @@ SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_COUNT = 1 << 20
 MESH_LABEL = "edgecoder.mesh"
 NODE_LABEL = "edgecoder.node"
+ISOLATION_LABEL = "edgecoder.isolation"
+# Processes of one run: the pids cgroup under runc, and RLIMIT_NPROC (the sandbox's uid is its own) under both
+# tiers; under gVisor the Sentry enforces RLIMIT_NPROC itself, and the host's pids cgroup counts gVisor's threads.
 PIDS_LIMIT = 50
 NOFILE = 256
 TMPFS = {"/tmp": "rw,noexec,nosuid,size=64m"}
@@ -57,15 +63,24 @@ NO_NETWORK_DNS = {"Dns": ["127.0.0.1"], "DnsSearch": ["."], "DnsOptions": ["ndot
 # The bootstrap runs isolated (-I) and without site (-S): it only needs os, and nothing from the image's
 # site-packages or the environment may steer it.
 COMMAND = ["python3", "-I", "-S", "-c", BOOTSTRAP]
+# The one shared key a backend may replace: gVisor's own threads count in the host's pids cgroup (its guest
+# processes stay limited by RLIMIT_NPROC above).
+RUNTIME_MAY_SET = frozenset({"PidsLimit"})
 
 
 def build_container_config(
-    request_limits_clamped: Limits, policy: ExecutorPolicy, *, labels: Mapping[str, str], uid: int
+    request_limits_clamped: Limits,
+    policy: ExecutorPolicy,
+    *,
+    labels: Mapping[str, str],
+    uid: int,
+    backend: SandboxBackend,
 ) -> dict[str, Any]:
     """Keyword arguments for `docker.APIClient.create_container`, host_config included.
 
     The limits must already be clamped by `policy.clamp`; `uid` is the container's own, from the sandbox range.
-    No mounts, binds or volumes: code and input enter over stdin only. The seccomp profile (the shipped one
+    Nothing of a request reaches this function but its clamped limits: the image is the policy's, and there are
+    no mounts, binds or volumes (code and input enter over stdin only). The seccomp profile (the shipped one
     unless the policy names another) is read here and sent as JSON text (the API wants the profile itself, the
     CLI is what reads files).
     """
@@ -74,7 +89,7 @@ def build_container_config(
     memory = request_limits_clamped.memory_mb * 1024 * 1024
     security_opt = ["no-new-privileges"]
     if policy.seccomp_profile:
-        security_opt.append("seccomp=" + _seccomp_json(policy.seccomp_profile))
+        security_opt.append("seccomp=" + _seccomp_json(policy.seccomp_profile, backend.tier))
     host_config: dict[str, Any] = {
         "NetworkMode": "default" if policy.allow_network else "none",
         "ReadonlyRootfs": True,
@@ -86,7 +101,10 @@ def build_container_config(
         "CapDrop": ["ALL"],
         "SecurityOpt": security_opt,
         "Tmpfs": dict(TMPFS),
-        "Ulimits": [{"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE}],
+        "Ulimits": [
+            {"Name": "nofile", "Soft": NOFILE, "Hard": NOFILE},
+            {"Name": "nproc", "Soft": PIDS_LIMIT, "Hard": PIDS_LIMIT},
+        ],
         # Output is read from the attach stream, bounded. The default json-file driver would also copy every
         # byte of an output flood to the host's disk.
         "LogConfig": {"Type": "none", "Config": {}},
@@ -95,6 +113,10 @@ def build_container_config(
     }
     if not policy.allow_network:
         host_config.update(NO_NETWORK_DNS)
+    runtime_keys = backend.host_config(request_limits_clamped, policy)
+    if overridden := (set(runtime_keys) & set(host_config)) - RUNTIME_MAY_SET:
+        raise ValueError(f"the {backend.tier} backend may not override the shared hardening: {sorted(overridden)}")
+    host_config.update(runtime_keys)
     return {
         "image": policy.image,
         "command": list(COMMAND),
@@ -105,18 +127,21 @@ def build_container_config(
         "use_config_proxy": False,
         "stdin_open": True,
         "tty": False,
-        "labels": {**labels, MESH_LABEL: "1"},
+        "labels": {**labels, MESH_LABEL: "1", ISOLATION_LABEL: backend.tier},
         "host_config": host_config,
     }
 
 
-def _seccomp_json(path: str) -> str:
+def _seccomp_json(path: str, tier: str) -> str:
     # Parsed and re-serialised: a broken profile fails here, closed, before any container exists. Read again only
     # when the file changes (about 0.3 ms a container otherwise).
     stat = Path(path).stat()
-    return _seccomp_json_of(path, stat.st_mtime_ns, stat.st_size)
+    return _seccomp_json_of(path, stat.st_mtime_ns, stat.st_size, tier)
 
 
-@functools.lru_cache(maxsize=4)
-def _seccomp_json_of(path: str, _mtime_ns: int, _size: int) -> str:
-    return json.dumps(json.loads(Path(path).read_text()), separators=(",", ":"))
+@functools.lru_cache(maxsize=8)
+def _seccomp_json_of(path: str, _mtime_ns: int, _size: int, tier: str) -> str:
+    from executor.backends import backend_for
+
+    profile = backend_for(tier).adapt_seccomp(json.loads(Path(path).read_text()))
+    return json.dumps(profile, separators=(",", ":"))

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from executor.backends import TIERS, Tier, parse_tiers
 from executor.contract import LANGUAGES, Language, Limits
 from executor.seccomp import PROFILE_PATH
 
@@ -44,8 +45,18 @@ class ExecutorPolicy:
     # Upper bounds of what travels into the container over stdin (code and JSON input), in bytes.
     max_code_bytes: int = 1 << 20
     max_input_bytes: int = 8 << 20
+    # The isolation tiers this executor offers, weakest first (executor/backends/). A run goes to the weakest of
+    # them that meets its minimum; with ("gvisor",) everything runs under gVisor.
+    isolation: tuple[Tier, ...] = ("runc",)
 
     def __post_init__(self) -> None:
+        if (
+            not self.isolation
+            or any(t not in TIERS for t in self.isolation)
+            or len(set(self.isolation)) != len(self.isolation)
+        ):
+            raise ValueError(f"isolation must list distinct tiers of {', '.join(TIERS)}, not {self.isolation!r}")
+        object.__setattr__(self, "isolation", tuple(sorted(self.isolation, key=TIERS.index)))  # weakest first
         if not self.min_memory_mb <= self.max_memory_mb:
             raise ValueError("min_memory_mb must not exceed max_memory_mb")
         if self.max_concurrent < 1 or self.max_waiting < 0 or self.pool_size < 0:
@@ -72,6 +83,7 @@ class ExecutorPolicy:
             image=env.get("EDGECODER_IMAGE") or DEFAULT_IMAGE,
             subset_check=env.get("EDGECODER_SUBSET_CHECK", "1").strip() != "0",
             seccomp_profile=env.get("SANDBOX_SECCOMP_PROFILE") or str(PROFILE_PATH),
+            isolation=parse_tiers(env.get("EDGECODER_ISOLATION") or "runc"),
         )
 
 

@@ -115,8 +115,10 @@ class WarmPool:
                     container = await self._sandbox.start(self.limits, role="pool", prestart=self._to_start[0])
                     if container.parking:
                         await self._parked(container)
-                except SandboxUnavailable as exc:
-                    log.warning("pool.refill_failed", error=str(exc), retry_in_s=retry_s)
+                except Exception as exc:  # a refill's failure is the pool's to retry, never the node's
+                    # SandboxUnavailable as a rule; anything else (a daemon gone mid-call, an SDK surprise) too: the
+                    # pool is a cache, and the gate judges the daemon.
+                    log.warning("pool.refill_failed", error=repr(exc), retry_in_s=retry_s)
                     await trio.sleep(retry_s)
                     retry_s = min(retry_s * 2, RETRY_MAX_S)
                     continue

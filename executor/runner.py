@@ -10,8 +10,14 @@ The order of decisions for a run is fixed, and every refusal happens before anyt
 3. code outside the subset is refused (`outside_subset`), as hygiene, when the policy says so. The check runs in
    the checker process (executor/checker.py), never on the Trio thread;
 4. limits are clamped into the policy;
-5. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
-6. the run itself: pooled when the clamped memory and cpus match the pool's, cold otherwise.
+5. the isolation tier: the weakest the policy offers that meets the run's minimum (`isolation_insufficient` when
+   none does), among those whose last canary passed (`sandbox_unavailable` when none has);
+6. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
+7. the run itself, in that tier's sandbox: pooled when the clamped memory and cpus match the pool's, cold
+   otherwise.
+
+Every tier has its sandbox (executor/sandbox.py, with its backend: executor/backends/) and its warm pool; they
+share the executor's line to the daemon, its slots and its checker.
 
 The executor owns a nursery: the pool refill and the removal of finished containers live there, and leaving the
 `async with` aborts runs still in flight (their results say `aborted`), removes idle pool containers, ends the
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
+from executor.backends import Tier, backend_for, rank, weakest_meeting
 from executor.checker import SubsetChecker
 from executor.contract import (
     LANGUAGES,
@@ -39,6 +46,7 @@ from executor.contract import (
     QueueReason,
     refusal,
 )
+from executor.docker_api import DockerApi
 from executor.host import run_on_host
 from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
@@ -65,11 +73,15 @@ class ExecutorStats:
 
 class Executor:
     def __init__(
-        self, policy: ExecutorPolicy, sandbox: DockerSandbox, pool: WarmPool, checker: SubsetChecker | None
+        self,
+        policy: ExecutorPolicy,
+        sandboxes: dict[Tier, DockerSandbox],
+        pools: dict[Tier, WarmPool],
+        checker: SubsetChecker | None,
     ) -> None:
         self.policy = policy
-        self.sandbox = sandbox
-        self.pool = pool
+        self.sandboxes = sandboxes  # one per tier the policy offers
+        self.pools = pools
         self.checker = checker  # None when the policy switches the subset check off
         self._slots = trio.CapacityLimiter(policy.max_concurrent)
         self._in_flight = 0
@@ -96,21 +108,31 @@ class Executor:
         """
         policy = policy or ExecutorPolicy.from_env()
         checker = SubsetChecker() if policy.subset_check else None
-        sandbox: DockerSandbox | None = None
+        docker_api = DockerApi(docker_base_url)
         try:
             if checker is not None:
                 await checker.start()
             async with trio.open_nursery() as nursery:
-                sandbox = DockerSandbox(policy, node_label=node_label, base_url=docker_base_url, background=nursery)
                 size = policy.pool_size if pool_size is None else pool_size
-                warm = WarmPool(sandbox, limits=policy.pool_limits, size=size)
-                executor = cls(policy, sandbox, warm, checker)
+                sandboxes: dict[Tier, DockerSandbox] = {}
+                pools: dict[Tier, WarmPool] = {}
+                for tier in policy.isolation:
+                    sandboxes[tier] = DockerSandbox(
+                        policy,
+                        node_label=node_label,
+                        backend=backend_for(tier),
+                        docker_api=docker_api,
+                        background=nursery,
+                    )
+                    pools[tier] = WarmPool(sandboxes[tier], limits=policy.pool_limits, size=size)
+                executor = cls(policy, sandboxes, pools, checker)
                 # Every executor, a one-off `exec` too, sweeps what dead owners left; in the background, so the
                 # first run does not wait for it. It never touches a living owner's containers.
                 nursery.start_soon(executor._sweep)
-                if warm.size:
-                    await nursery.start(warm.keep_filled)
                 try:
+                    for warm in pools.values():
+                        if warm.size:
+                            await nursery.start(warm.keep_filled)
                     yield executor
                 finally:
                     with trio.CancelScope(shield=True):
@@ -119,20 +141,55 @@ class Executor:
                         # Aborted runs kill their containers (bounded by the kill's own timeout) before the
                         # connections to the daemon close.
                         await executor._all_runs_ended()
-                        await warm.close()
+                        for warm in pools.values():
+                            await warm.close()
                 # The nursery now waits for the removals still pending.
         finally:
             # After the nursery: no removal is left to use the daemon connections.
-            if sandbox is not None:
-                sandbox.close()
+            docker_api.close()
             if checker is not None:
                 await checker.aclose()
 
-    async def run_code(self, request: ExecRequest, *, sandbox: str = "docker", origin: str = "remote") -> ExecResult:
+    @property
+    def sandbox(self) -> DockerSandbox:
+        """The weakest tier's sandbox (the only one, unless the policy offers several tiers)."""
+        return self.sandboxes[self.policy.isolation[0]]
+
+    @property
+    def pool(self) -> WarmPool:
+        """The weakest tier's warm pool."""
+        return self.pools[self.policy.isolation[0]]
+
+    @property
+    def offered_tiers(self) -> tuple[Tier, ...]:
+        """The tiers of the policy, weakest first, whatever their canaries say (the gate judges those)."""
+        return self.policy.isolation
+
+    async def run_code(
+        self,
+        request: ExecRequest,
+        *,
+        sandbox: str = "docker",
+        origin: str = "remote",
+        min_isolation: str | None = None,
+    ) -> ExecResult:
+        """Run `request`. `min_isolation` is the weakest tier the run accepts (an offer's `minIsolation`; None: any
+        the policy offers); the run goes to the weakest offered tier that meets it."""
         if sandbox == "host" and origin != "local":
             return refusal(SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=SANDBOX_REQUIRED)
         if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
             return _invalid(f"unknown sandbox {sandbox!r} or origin {origin!r}")
+        try:
+            if min_isolation is not None:
+                rank(min_isolation)
+        except ValueError as exc:
+            return _invalid(str(exc))
+        tier = None
+        if sandbox == "docker":
+            chosen = self._tier_for(min_isolation)
+            if isinstance(chosen, ExecResult):
+                return chosen
+            tier = chosen
         if request.language not in LANGUAGES:
             return _invalid(f"unsupported language {request.language!r}")
         prepared = prepare_request(request, self.policy)
@@ -154,9 +211,34 @@ class Executor:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
-        return await self._admitted(prepared, limits, on_host=sandbox == "host")
+        return await self._admitted(prepared, limits, tier=tier)
 
-    async def _admitted(self, request: PreparedRequest, limits: Limits, *, on_host: bool) -> ExecResult:
+    def _tier_for(self, minimum: str | None) -> Tier | ExecResult:
+        """The weakest offered tier that meets `minimum` and whose canary has not failed, or the refusal."""
+        if weakest_meeting(self.policy.isolation, minimum) is None:
+            why = (
+                f"{QueueReason.ISOLATION_INSUFFICIENT}: the run needs at least {minimum}; this executor offers "
+                f"{', '.join(self.policy.isolation)}"
+            )
+            return refusal(
+                why, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=str(QueueReason.ISOLATION_INSUFFICIENT)
+            )
+        healthy = [t for t in self.policy.isolation if not self.sandboxes[t].withdrawn]
+        tier = weakest_meeting(healthy, minimum)
+        if tier is None:
+            failed = "; ".join(
+                f"{t}: {c.reason}: {c.detail}"
+                for t in self.policy.isolation
+                if (c := self.sandboxes[t].last_canary) is not None and not c.ok
+            )
+            return refusal(
+                f"sandbox unavailable: every tier that meets the run's minimum failed its canary ({failed})",
+                error_kind=ErrorKind.SANDBOX_VIOLATION,
+                queue_reason=str(QueueReason.SANDBOX_UNAVAILABLE),
+            )
+        return tier
+
+    async def _admitted(self, request: PreparedRequest, limits: Limits, *, tier: Tier | None) -> ExecResult:
         started_at = trio.current_time()
         self._waiting += 1
         try:
@@ -170,9 +252,9 @@ class Executor:
                 self._runs.add(run_scope)
                 if self._closing:
                     run_scope.cancel()
-                if on_host:
+                if tier is None:
                     return await run_on_host(request, limits, self.policy)
-                return await self.sandbox.run(request, limits, source=self.pool)
+                return await self.sandboxes[tier].run(request, limits, source=self.pools[tier])
             # Only abort_all() cancels this scope; the sandbox has killed and removed the container.
             return _aborted(int((trio.current_time() - started_at) * 1000))
         finally:
@@ -201,20 +283,29 @@ class Executor:
         for scope in list(self._runs):
             scope.cancel()
 
-    async def health(self) -> SandboxHealth:
-        return await self.sandbox.health()
+    async def health(self, tier: str | None = None) -> SandboxHealth:
+        """The daemon, the image and the tier's runtime (the weakest offered tier by default)."""
+        return await self._sandbox_of(tier).health()
 
-    async def canary(self) -> SandboxHealth:
-        return await self.sandbox.canary()
+    async def canary(self, tier: str | None = None) -> SandboxHealth:
+        """The tier's canary (executor/canary.py); a failure withdraws the tier from runs until one passes."""
+        return await self._sandbox_of(tier).canary()
+
+    def _sandbox_of(self, tier: str | None) -> DockerSandbox:
+        if tier is None:
+            return self.sandbox
+        if tier not in self.sandboxes:
+            raise ValueError(f"this executor does not offer the {tier} tier (it offers {self.policy.isolation})")
+        return self.sandboxes[tier]  # type: ignore[index,unused-ignore]
 
     def stats(self) -> ExecutorStats:
         return ExecutorStats(
-            pool_ready=self.pool.ready,
-            pool_size=self.pool.size,
+            pool_ready=sum(p.ready for p in self.pools.values()),
+            pool_size=sum(p.size for p in self.pools.values()),
             runs_in_flight=self._in_flight,
             waiting=self._waiting,
             max_concurrent=self.policy.max_concurrent,
-            pending_removals=self.sandbox.pending_removals,
+            pending_removals=sum(s.pending_removals for s in self.sandboxes.values()),
         )
 
 
@@ -224,10 +315,11 @@ async def run_code(
     sandbox: str = "docker",
     origin: str = "remote",
     policy: ExecutorPolicy | None = None,
+    min_isolation: str | None = None,
 ) -> ExecResult:
     """One run through a short-lived executor without a pool: for one-off CLI use."""
     async with Executor.open(policy, node_label=f"oneoff-{uuid.uuid4().hex[:12]}", pool_size=0) as executor:
-        return await executor.run_code(request, sandbox=sandbox, origin=origin)
+        return await executor.run_code(request, sandbox=sandbox, origin=origin, min_isolation=min_isolation)
 
 
 def _aborted(duration_ms: int) -> ExecResult:

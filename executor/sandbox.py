@@ -24,7 +24,7 @@ import secrets
 import socket
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -34,10 +34,15 @@ import requests
 import structlog
 import trio
 
+from executor import canary as canary_probe
+from executor.backends import SandboxBackend, Tier
+from executor.backends.runc import RuncBackend
 from executor.bootstrap import NOT_PARKED, PARKED, encode_payload, encode_prestart, new_nonce
 from executor.container_config import (
     MESH_LABEL,
     NODE_LABEL,
+    NOFILE,
+    PIDS_LIMIT,
     SANDBOX_UID_BASE,
     SANDBOX_UID_COUNT,
     build_container_config,
@@ -67,6 +72,8 @@ DOCKER_ERRORS: tuple[type[BaseException], ...] = (
     requests.RequestException,
     OSError,
 )
+# What reading a canary container's host cgroup may raise (a /proc line that is not one, beside the daemon's).
+CANARY_HOST_ERRORS: tuple[type[BaseException], ...] = (*DOCKER_ERRORS, ValueError)
 # What a run sees when its container or the daemon disappears under it.
 LOST_CONTAINER_ERRORS = (
     trio.BrokenResourceError,
@@ -82,6 +89,13 @@ class SandboxHealth:
     ok: bool
     reason: str
     detail: str
+    # For a canary that found a limit not enforced: the readings that did not match (executor/canary.py names).
+    missing: tuple[str, ...] = ()
+
+
+# A create warning with this word means the daemon dropped a resource setting (a limit it cannot enforce: "PIDs
+# limit discarded", "Limitation discarded", "CPU CFS quota discarded"): the container would run without it.
+DISCARDED = "discarded"
 
 
 class SandboxUnavailable(Exception):
@@ -100,6 +114,9 @@ class StartedContainer:
     prestarted: Language | None = None
     # The supervisor's answer to the prestart line is still to be read: nothing may be sent before it is.
     parking: bool = False
+    uid: int = field(default=0, kw_only=True)  # the container's own uid (and gid), from the sandbox range
+    # What the daemon said when it created the container (kept for the canary, which judges it).
+    warnings: tuple[str, ...] = field(default=(), kw_only=True)
 
     async def wait_parked(self) -> None:
         """Read the supervisor's answer to the prestart line: the interpreter is parked, or `prestarted` becomes
@@ -153,21 +170,38 @@ class DockerSandbox:
         policy: ExecutorPolicy,
         *,
         node_label: str,
+        backend: SandboxBackend | None = None,
         base_url: str | None = None,
+        docker_api: DockerApi | None = None,
         background: trio.Nursery | None = None,
     ) -> None:
         self.policy = policy
         self.node_label = node_label
+        self.backend: SandboxBackend = backend or RuncBackend()
         # Finished containers are removed in this nursery, after the result has been returned. Without one,
         # removal happens before `run` returns.
         self._background = background
-        self.docker = DockerApi(base_url)
+        # The executor's sandboxes of several tiers share one line to the daemon (its limiter and clients).
+        self._owns_docker = docker_api is None
+        self.docker = docker_api or DockerApi(base_url)
         self._healthy_until = -math.inf
         self.pending_removals = 0
+        # The last canary's verdict: None until one ran. A tier whose canary failed takes no runs until one passes.
+        self.last_canary: SandboxHealth | None = None
+
+    @property
+    def tier(self) -> Tier:
+        return self.backend.tier
+
+    @property
+    def withdrawn(self) -> bool:
+        return self.last_canary is not None and not self.last_canary.ok
 
     def close(self) -> None:
-        """Close the connections to the daemon (the owner calls this once its removals are done)."""
-        self.docker.close()
+        """Close the connections to the daemon, if they are this sandbox's own (the owner calls this once its
+        removals are done)."""
+        if self._owns_docker:
+            self.docker.close()
 
     # -- health ---------------------------------------------------------------------------------------------
 
@@ -185,46 +219,98 @@ class DockerSandbox:
         return await self.health()
 
     async def canary(self) -> SandboxHealth:
-        """A real run proving from inside: only `lo`, read-only root, a uid and gid of its own from the sandbox
-        range and no other group, no capabilities, no new privileges."""
-        result = await self.run(ExecRequest("python", CANARY_CODE), self.policy.pool_limits)
-        if not result.ok:
-            return SandboxHealth(False, "canary_failed", f"{result.error_kind}: {result.stderr.strip()[-500:]}")
+        """A real run of this tier proving the policy from inside (executor/canary.py): the memory, pids and CPU
+        limits, nofile and nproc, its own uid and gid, no capabilities, no new privileges, a seccomp filter, a
+        read-only root and only `lo`; under gVisor also the sandbox's host cgroup. Its verdict is kept
+        (`last_canary`): a tier that fails it takes no runs until one passes."""
+        verdict = await self._canary()
+        self.last_canary = verdict
+        if not verdict.ok:
+            log.warning("sandbox.canary_failed", tier=self.tier, reason=verdict.reason, detail=verdict.detail)
+        return verdict
+
+    async def _canary(self) -> SandboxHealth:
+        started_at = trio.current_time()
+        limits = self.policy.pool_limits
+        health = await self.ensure_ready()
+        if not health.ok:
+            return health
+        prepared = prepare_request(ExecRequest("python", canary_probe.CANARY_CODE), self.policy)
+        assert isinstance(prepared, PreparedRequest)  # a fixed program, far inside every size bound
+        nonce = new_nonce()
+        payload = encode_payload(prepared.language, prepared.code, prepared.input_json, limits.timeout_ms, nonce)
         try:
-            seen = json.loads(result.stdout)
-        except ValueError:
-            return SandboxHealth(False, "canary_failed", f"unreadable canary output: {result.stdout[:200]!r}")
-        uid = seen.get("uid")
-        expected = {
-            "interfaces": ["lo"],
-            "root_read_only": True,
-            "uid": uid
-            if isinstance(uid, int) and SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_COUNT
-            else "in range",
-            "gid": uid,
-            "groups": [uid],  # its own group only
-            "cap_eff": "0000000000000000",
-            "no_new_privs": "1",
-        }
-        wrong = {key: seen.get(key) for key, want in expected.items() if seen.get(key) != want}
-        if self.policy.allow_network:
-            wrong.pop("interfaces", None)
-        if wrong:
-            return SandboxHealth(False, "canary_failed", f"unexpected inside the sandbox: {wrong}")
+            started = await self.start(limits, role="canary", accept_warnings=True)
+        except SandboxUnavailable as exc:
+            self._healthy_until = -math.inf
+            return SandboxHealth(False, "canary_failed", f"{self.tier}: {exc}")
+        host: dict[str, Any] | str = {}
+        if self.backend.host_witness:
+            try:
+                host = await self.docker.call(lambda api: self._host_readings_blocking(api, started.container_id))
+            except CANARY_HOST_ERRORS as exc:
+                host = f"cannot read the canary container's host cgroup: {exc}"
+            except BaseException:  # cancelled before the run: the container must not outlive us
+                started.close()
+                with trio.CancelScope(shield=True):
+                    await self._kill_within(started.container_id)
+                    await self.dispose(started.container_id)
+                raise
+        result = await self._drive(started, payload, nonce, limits, started_at)
+        if not result.ok:
+            return SandboxHealth(False, "canary_failed", f"{self.tier}: {result.error_kind}: {result.stderr[-500:]}")
+        seen = canary_probe.parse_output(result.stdout)
+        if seen is None:
+            return SandboxHealth(False, "canary_failed", f"{self.tier}: unreadable output {result.stdout[:200]!r}")
+        if isinstance(host, str):
+            seen["host"] = host  # why the host side could not be read: every host reading stays missing
+        else:
+            seen.update(host)
+        expected = canary_probe.expected_everywhere(
+            uid=started.uid, nofile=NOFILE, nproc=PIDS_LIMIT, network=self.policy.allow_network
+        )
+        expected.update(self.backend.expected(limits, self.policy))
+        findings = canary_probe.judge(seen, expected)
+        discarded = [w for w in started.warnings if DISCARDED in w]
+        if findings or discarded:
+            detail = "; ".join([str(f) for f in findings] + [f"the daemon warned: {w}" for w in discarded])
+            if isinstance(host, str):
+                detail += f" (host cgroup: {host})"
+            missing = tuple(f.reading for f in findings) + (("daemon.warning",) if discarded else ())
+            return SandboxHealth(False, "limit_not_enforced", f"{self.tier}: {detail}", missing)
         return SandboxHealth(True, "ok", json.dumps(seen, sort_keys=True))
 
     # -- containers -----------------------------------------------------------------------------------------
 
-    async def start(self, limits: Limits, *, role: str, prestart: Language | None = None) -> StartedContainer:
+    async def start(
+        self, limits: Limits, *, role: str, prestart: Language | None = None, accept_warnings: bool = False
+    ) -> StartedContainer:
         """Create, attach and start one container, its interpreter for `prestart` started at once when given.
-        Raises SandboxUnavailable.
+        Raises SandboxUnavailable (a daemon that went away mid-call included).
 
+        A container the daemon created with a limit discarded is removed at once (SandboxUnavailable), unless
+        `accept_warnings` (the canary's, which reads from inside what the daemon really did).
         Shielded: a container that exists must reach our hands, or it would leak when a cancel lands mid-call.
         """
         with trio.CancelScope(shield=True):
-            container_id, raw = await self.docker.call(lambda api: self._start_blocking(api, limits, role, prestart))
+            try:
+                made = await self.docker.call(
+                    lambda api: self._start_blocking(api, limits, role, prestart, accept_warnings)
+                )
+            except DOCKER_ERRORS as exc:  # the daemon went away before the call reached it (its socket refused)
+                raise SandboxUnavailable(f"cannot reach the Docker daemon: {exc}") from exc
+        container_id, raw, uid, warnings = made
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
-        return StartedContainer(container_id, limits, stream, raw, prestarted=prestart, parking=prestart is not None)
+        return StartedContainer(
+            container_id,
+            limits,
+            stream,
+            raw,
+            prestarted=prestart,
+            parking=prestart is not None,
+            uid=uid,
+            warnings=warnings,
+        )
 
     async def run(
         self, request: ExecRequest | PreparedRequest, limits: Limits, *, source: ContainerSource | None = None
@@ -396,20 +482,38 @@ class DockerSandbox:
         user = (info.get("Config") or {}).get("User") or ""
         if user not in ACCEPTED_IMAGE_USERS:
             return SandboxHealth(False, "image_user", f"image {image} runs as {user or 'root'!r}, not 65534:65534")
-        return SandboxHealth(True, "ok", f"image {image} ({str(info.get('Id', ''))[:19]}) user {user}")
+        try:
+            problem = self.backend.daemon_problem(api.info())
+        except DOCKER_ERRORS as exc:
+            return SandboxHealth(False, "daemon_unreachable", f"cannot ask the daemon for its runtimes: {exc}")
+        if problem is not None:
+            return SandboxHealth(False, "runtime_missing", f"{self.tier}: {problem}")
+        return SandboxHealth(
+            True, "ok", f"image {image} ({str(info.get('Id', ''))[:19]}) user {user}, runtime {self.backend.runtime}"
+        )
 
     def _start_blocking(
-        self, api: docker.APIClient, limits: Limits, role: str, prestart: Language | None
-    ) -> tuple[str, socket.socket]:
+        self, api: docker.APIClient, limits: Limits, role: str, prestart: Language | None, accept_warnings: bool
+    ) -> tuple[str, socket.socket, int, tuple[str, ...]]:
+        uid = self._new_uid()
         try:
             labels = {NODE_LABEL: self.node_label, ROLE_LABEL: role, OWNER_LABEL: this_process().label}
-            config = build_container_config(limits, self.policy, labels=labels, uid=self._new_uid())
+            config = build_container_config(limits, self.policy, labels=labels, uid=uid, backend=self.backend)
         except (OSError, ValueError) as exc:
             raise SandboxUnavailable(f"bad sandbox configuration: {exc}") from exc
         try:
-            container_id: str = api.create_container(**config)["Id"]
+            created = api.create_container(**config)
         except DOCKER_ERRORS as exc:
             raise SandboxUnavailable(f"cannot create a container: {exc}") from exc
+        container_id: str = created["Id"]
+        warnings = tuple(str(w) for w in created.get("Warnings") or ())
+        discarded = [w for w in warnings if DISCARDED in w]
+        if discarded and not accept_warnings:
+            try:
+                self._remove_blocking(api, container_id)
+            except DOCKER_ERRORS:
+                pass
+            raise SandboxUnavailable(f"the daemon discarded a limit of the sandbox: {'; '.join(discarded)}")
         raw: socket.socket | None = None
         try:
             # Attach before start, so not one byte of output can be missed.
@@ -428,7 +532,14 @@ class DockerSandbox:
             if isinstance(exc, DOCKER_ERRORS):
                 raise SandboxUnavailable(f"cannot start a container: {exc}") from exc
             raise
-        return container_id, raw
+        return container_id, raw, uid, warnings
+
+    def _host_readings_blocking(self, api: docker.APIClient, container_id: str) -> dict[str, Any] | str:
+        """The container's host cgroup limits, read while its bootstrap waits for the task (so it is running)."""
+        pid = int((api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
+        if pid <= 0:
+            return f"container {container_id[:12]} has no process"
+        return canary_probe.host_cgroup_readings(pid, container_id)
 
     def _wait_blocking(self, api: docker.APIClient, container_id: str, timeout: float) -> int:
         return int(api.wait(container_id, timeout=timeout)["StatusCode"])
@@ -568,24 +679,3 @@ def _unavailable(detail: str, started_at: float) -> ExecResult:
 
 def _rejected(why: str) -> ExecResult:
     return ExecResult(ok=False, stderr=why, error_kind=ErrorKind.EXECUTION_FAILED)
-
-
-# Runs inside the sandbox as an ordinary task; prints what it observes, judged by `canary()` on the host.
-CANARY_CODE = """
-import errno, json, os
-status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
-try:
-    open("/edgecoder-canary", "w").close()
-    root_read_only = False
-except OSError as exc:
-    root_read_only = exc.errno == errno.EROFS
-print(json.dumps({
-    "interfaces": sorted(os.listdir("/sys/class/net")),
-    "root_read_only": root_read_only,
-    "uid": os.getuid(),
-    "gid": os.getgid(),
-    "groups": os.getgroups(),
-    "cap_eff": status["CapEff"].strip(),
-    "no_new_privs": status["NoNewPrivs"].strip(),
-}))
-"""

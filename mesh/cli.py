@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 # (tests/test_cli_startup.py checks the two stay equal).
 LANGUAGES = ("python", "javascript")
 SANDBOXES = ("docker", "host")
+# executor.backends.TIERS, written out for the same reason.
+TIERS = ("runc", "gvisor")
 
 EXIT_REFUSED = 3  # a typed refusal, as opposed to 1 (the run failed) and 2 (usage or bad input)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
@@ -738,6 +740,13 @@ def offer(
 @memory_option
 @input_option
 @click.option("--no-subset", is_flag=True, help="Skip the subset check (hygiene; the container is the boundary).")
+@click.option(
+    "--isolation",
+    type=click.Choice(TIERS),
+    default=None,
+    help="The container runtime of the run: runc (hardened Docker) or gvisor (Docker with runsc) "
+    "[default: EDGECODER_ISOLATION, else runc].",
+)
 def exec_(
     code_file: Path,
     language: str,
@@ -746,6 +755,7 @@ def exec_(
     memory_mb: int,
     input_json: str | None,
     no_subset: bool,
+    isolation: str | None,
 ) -> None:
     """Run code as the local user (origin local: --sandbox host is allowed). Prints the result JSON."""
     import trio
@@ -754,14 +764,21 @@ def exec_(
     from executor.policy import ExecutorPolicy
     from mesh.commands import run_local
 
+    if isolation is not None and sandbox == "host":
+        raise click.UsageError("--isolation picks the container runtime; --sandbox host runs no container")
+    try:
+        policy = ExecutorPolicy.from_env()
+    except ValueError as exc:  # EDGECODER_ISOLATION (or another variable) names nothing the executor knows
+        raise InputError(str(exc)) from None
     result = trio.run(
         run_local,
         language,
-        read_code(code_file, ExecutorPolicy().max_code_bytes),
+        read_code(code_file, policy.max_code_bytes),
         parse_input(input_json),
         Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
         sandbox,
         not no_subset,
+        isolation,
     )
     emit(result.to_json())
     sys.exit(0 if result.ok else 1)
@@ -774,7 +791,8 @@ def doctor(as_json: bool, config_file: Path | None) -> None:
     """Say whether this machine can sandbox, and why not. Exits non-zero when it cannot.
 
     It checks the settings a node would run with (EDGECODER_* variables, --config or EDGECODER_CONFIG): its sandbox
-    mode, image and seccomp profile. Troubleshooting in the docs has the fix for each failure."""
+    mode, image, seccomp profile and isolation tiers. It prints the Docker, runc and runsc versions, the cgroup
+    version, userns-remap, the seccomp profile, a canary per tier, and each failure or warning with its fix."""
     import trio
 
     from mesh.commands import run_doctor
@@ -784,13 +802,18 @@ def doctor(as_json: bool, config_file: Path | None) -> None:
         settings = node_settings(resolve({}, config=config_file))
     except (ConfigError, ValueError) as exc:
         raise InputError(str(exc)) from None
+    from mesh import logs
+
+    logs.configure(level=40)  # the report says what the executor's warnings would: once, with the fix
     report = trio.run(run_doctor, settings)
     if as_json:
         emit(report)
     else:
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
         for check in report["checks"]:
-            mark = "ok  " if check["ok"] else "FAIL"
-            click.echo(f"[{mark}] {check['name']}: {check['detail']}")
+            click.echo(f"[{marks.get(check.get('level', ''), 'FAIL')}] {check['name']}: {check['detail']}")
+            if check.get("fix") and check.get("level") in ("warn", "fail"):
+                click.echo(f"       fix: {check['fix']}")
         click.echo("this node can sandbox" if report["ok"] else "this node CANNOT sandbox: it will refuse remote work")
     sys.exit(0 if report["ok"] else 1)
 

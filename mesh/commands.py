@@ -299,50 +299,41 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
 
 
 async def run_local(
-    language: str, code: str, input: Any, limits: Limits, sandbox: str, subset_check: bool
+    language: str,
+    code: str,
+    input: Any,
+    limits: Limits,
+    sandbox: str,
+    subset_check: bool,
+    isolation: str | None = None,
 ) -> ExecResult:
-    """The local user's run (origin local): host execution is allowed here, and only here."""
+    """The local user's run (origin local): host execution is allowed here, and only here. `isolation` (runc or
+    gvisor) is the run's container runtime; None: EDGECODER_ISOLATION's weakest tier, else runc."""
+    from dataclasses import replace
+
     from executor.runner import run_code
 
     policy = ExecutorPolicy.from_env()
     if not subset_check:
-        from dataclasses import replace
-
         policy = replace(policy, subset_check=False)
+    if isolation is not None:
+        policy = replace(policy, isolation=(isolation,))  # type: ignore[arg-type]
     request = ExecRequest(language=language, code=code, input=input, limits=limits)  # type: ignore[arg-type]
-    return await run_code(request, sandbox=sandbox, origin="local", policy=policy)
+    return await run_code(request, sandbox=sandbox, origin="local", policy=policy, min_isolation=isolation)
 
 
 async def run_doctor(settings: NodeSettings | None = None) -> dict[str, Any]:
-    """Whether this machine can sandbox, check by check, with the reason when it cannot.
+    """Whether this machine can sandbox, check by check, with the fix when it cannot (mesh/doctor.py).
 
     With `settings` (`doctor --config`), the node's own sandbox mode and executor policy (its image, its seccomp
-    profile) are the ones checked; without, the environment's."""
+    profile, its isolation tiers) are the ones checked; without, the environment's."""
+    from mesh.doctor import check
+    from mesh.doctor import run_doctor as doctor
     from mesh.gate import sandbox_mode_from_env
 
-    checks: list[dict[str, Any]] = []
     try:
         mode = settings.sandbox_mode if settings is not None else sandbox_mode_from_env()
-    except ValueError as exc:
-        return {"ok": False, "checks": [{"name": "SANDBOX_MODE", "ok": False, "detail": str(exc)}]}
-    checks.append({"name": "SANDBOX_MODE", "ok": mode == "docker", "detail": mode})
-    if mode == "docker":
-        from executor.runner import Executor
-
         policy = settings.executor_policy if settings is not None else ExecutorPolicy.from_env()
-        async with Executor.open(policy, node_label="doctor", pool_size=0) as executor:
-            health = await executor.health()
-            checks.append(
-                {"name": "docker daemon and image", "ok": health.ok, "detail": health.detail or health.reason}
-            )
-            if health.ok:
-                canary = await executor.canary()
-                checks.append(
-                    {
-                        "name": "canary run (network none, read-only root, a sandbox uid of its own)",
-                        "ok": canary.ok,
-                        "detail": canary.detail or canary.reason,
-                    }
-                )
-    ok = all(c["ok"] for c in checks)
-    return {"ok": ok, "sandboxMode": "docker" if ok else "none", "checks": checks}
+    except ValueError as exc:
+        return {"ok": False, "checks": [check("settings", "fail", str(exc), "see docs/reference/config.md")]}
+    return await doctor(policy, mode)

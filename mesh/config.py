@@ -350,7 +350,6 @@ def _languages() -> tuple[str, ...]:
 
 
 SWARM = "Takes effect once the swarm work of issue 12 lands"
-ISOLATION = "Takes effect once the isolation work of issue 14 lands"
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -434,11 +433,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "executor.isolation",
-        Choice(("runc", "gvisor")),
+        Choice(("runc", "gvisor", "runc,gvisor")),
         "runc",
-        "The sandbox runtime: runc (hardened) or gvisor (a second kernel boundary).",
+        "The isolation tiers offered: runc (hardened Docker), gvisor (Docker with runsc: a second kernel between "
+        "the program and the host's), or runc,gvisor (each run on the weakest that meets its minimum).",
         "--isolation",
-        pending=ISOLATION,
     ),
     Setting(
         "executor.concurrency", IntRange(1, 64), 2, "Sandbox runs at once (the executor's slots).", "--concurrency"
@@ -746,6 +745,7 @@ def node_settings(resolved: Resolved) -> NodeSettings:
     from mesh.intake import IntakePolicy
 
     v = resolved.values
+    from executor.backends import parse_tiers
     from executor.policy import MIN_CPUS
     from executor.seccomp import PROFILE_PATH
 
@@ -760,6 +760,7 @@ def node_settings(resolved: Resolved) -> NodeSettings:
         seccomp_profile=str(PROFILE_PATH if v["executor.seccomp_profile"] is None else v["executor.seccomp_profile"]),
         max_concurrent=v["executor.concurrency"],
         pool_size=v["executor.pool_size"],
+        isolation=parse_tiers(v["executor.isolation"]),
     )
     # The warm pool's containers are made with default limits, forced into the operator's ceilings.
     policy = replace(policy, pool_limits=policy.clamp(Limits()))

@@ -34,6 +34,9 @@ def format_status(status: dict[str, Any]) -> str:
         f"jobs      {len(jobs)} recent: {sum(1 for j in answered if j.get('ok'))} ok, "
         f"{sum(1 for j in answered if not j.get('ok'))} failed or refused, {len(jobs) - len(answered)} other",
     ]
+    for tier, check in (gate.get("tiers") or {}).items():
+        verdict = "proven" if check.get("ok") else f"WITHDRAWN ({check.get('reason')}: {check.get('detail')})"
+        lines.append(f"tier      {tier}: {verdict}")
     addrs = status.get("addrs", [])
     lines.append("addrs     " + (addrs[0] if addrs else "(none)"))
     lines += [f"          {a}" for a in addrs[1:]]

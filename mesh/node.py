@@ -123,8 +123,9 @@ class NodeConfig:
     # What peers can make the host hold (connections per source, handshakes, streams, windows): see
     # transports/hardening. None is the defaults; simulations with many nodes behind one address raise them.
     defences: Defences | None = None
-    # The sandbox runtime (issue 14): runc (hardened) until the gVisor tier lands.
-    isolation: str = "runc"
+    # The isolation tiers the node offers (`executor.isolation`: runc, gvisor or runc,gvisor; executor/backends/):
+    # they replace the executor policy's. None: the policy's own.
+    isolation: str | None = None
     # An executor and its running gate, opened by the caller and shared by many nodes of one process (simulations
     # of hundreds of nodes on two cores, where each node opening its own Docker executor and canary would measure
     # dockerd instead of the mesh). Real runs, real gate; the caller owns both. None: the node opens its own.
@@ -263,11 +264,15 @@ class MeshNode:
             if config.sandbox_mode == "docker" and config.shared_sandbox is not None:
                 executor = config.shared_sandbox.executor
             elif config.sandbox_mode == "docker":
+                from executor.backends import parse_tiers
                 from executor.runner import Executor
 
+                policy = config.executor_policy
+                if config.isolation is not None:
+                    policy = dataclasses.replace(policy, isolation=parse_tiers(config.isolation))
                 executor = await stack.enter_async_context(
                     Executor.open(
-                        config.executor_policy,
+                        policy,
                         node_label=config.node_label or config.identity.peer_id,
                         **config.executor_options,
                     )
@@ -329,8 +334,9 @@ class MeshNode:
         await BleRadioTransport(radio, self.identity).run(self.intake, task_status=task_status)
 
     def isolation_tiers(self) -> frozenset[str]:
-        """The sandbox tiers this node runs offers under right now: none while its gate is closed."""
-        return frozenset((self.config.isolation,)) if self.gate.participating else frozenset()
+        """The sandbox tiers this node runs offers under right now: those whose checks and canary passed at the
+        gate's last look (executor/canary.py), none while its gate is closed."""
+        return self.gate.tiers if self.gate.participating else frozenset()
 
     def heartbeat(self) -> dict[str, Any]:
         """This node's status as its neighbours hear it (pushed on change, asked on connect, sent with a claim)."""
@@ -481,7 +487,9 @@ class MeshNode:
         assert self.executor is not None
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
-        result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin=job.origin)
+        result: ExecResult = await self.executor.run_code(
+            request, sandbox=offer.sandbox, origin=job.origin, min_isolation=offer.min_isolation
+        )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
         self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()

@@ -146,10 +146,16 @@ def node_status(node: MeshNode) -> dict[str, Any]:
         "peerId": node.peer_id,
         "addrs": node.addrs,
         "sandboxMode": node.gate.reported_mode,
-        "isolation": node.config.isolation,
+        "isolation": ",".join(node.executor.offered_tiers) if node.executor is not None else None,
         "isolationTiers": sorted(node.isolation_tiers()),
         "participating": healthy,
-        "gate": {"ok": node.gate.status.ok, "reason": node.gate.status.reason, "detail": node.gate.status.detail},
+        "gate": {
+            "ok": node.gate.status.ok,
+            "reason": node.gate.status.reason,
+            "detail": node.gate.status.detail,
+            # Each offered tier's last check and canary (executor/canary.py), withdrawn or not.
+            "tiers": {tier: status.to_json() for tier, status in node.gate.tier_status.items()},
+        },
         "reason": reason,
         "runsInFlight": stats.runs_in_flight if stats else 0,
         "maxConcurrent": stats.max_concurrent if stats else 0,

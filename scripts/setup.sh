@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make demo` and `make test`: quick when nothing needs doing.
-#  - on Debian as root: the missing system packages (docker.io, iptables, debootstrap, libgmp-dev)
+#  - on Debian as root: the missing system packages (docker.io, iptables, debootstrap, libgmp-dev, runsc)
 #  - the venv and the package (reinstalled only when pyproject.toml changes)
-#  - dockerd, started when no daemon answers (root only; on a laptop, Docker is already running)
+#  - dockerd, started when no daemon answers (root only; on a laptop, Docker is already running), with the gVisor
+#    runtime runsc registered in /etc/docker/daemon.json (scripts/start-dockerd.sh); a running daemon that lacks
+#    runsc gets the same entry in daemon.json and a note to reload it: setup never restarts a daemon it did not start
 #  - the sandbox image, built from Debian packages when it is missing (no registry is needed)
 #  - the js-libp2p peer of the interop tests, `npm ci` from its lock file (again when the lock changes)
 set -euo pipefail
@@ -13,7 +15,7 @@ is_root() { [ "$(id -u)" = 0 ]; }
 
 if is_root && command -v apt-get >/dev/null; then
   missing=()
-  for pkg in docker.io iptables debootstrap libgmp-dev; do
+  for pkg in docker.io iptables debootstrap libgmp-dev runsc; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -49,16 +51,23 @@ else
 fi
 
 docker_answers() { timeout 5 docker info >/dev/null 2>&1; }
+DAEMON_JSON=${EDGECODER_DAEMON_JSON:-/etc/docker/daemon.json}
 if ! docker_answers; then
   if is_root && command -v dockerd >/dev/null; then
-    say "starting dockerd (log: /var/log/dockerd.log)"
-    nohup dockerd >/var/log/dockerd.log 2>&1 &
-    for _ in $(seq 1 60); do docker_answers && break; sleep 1; done
-    docker_answers || { say "dockerd did not answer within 60 s; see /var/log/dockerd.log"; exit 1; }
+    say "starting dockerd with runsc registered in $DAEMON_JSON (log: /var/log/dockerd.log)"
+    scripts/start-dockerd.sh "$DAEMON_JSON" /var/log/dockerd.log >/dev/null
   else
     say "no Docker daemon answers: Docker tests will skip (or fail under EDGECODER_REQUIRE_DOCKER=1)"
     exit 0
   fi
+elif command -v runsc >/dev/null && ! timeout 5 docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
+  # A daemon we did not start (or started before runsc was installed): register runsc for its next reload.
+  if is_root; then
+    .venv/bin/python -m executor.backends.registration --daemon-json "$DAEMON_JSON"
+  fi
+  say "the running dockerd has no runsc runtime (gVisor). It was not started by this run of setup.sh, so it is" \
+    "not restarted: reload it to read $DAEMON_JSON (runtimes reload without a restart: kill -HUP <dockerd pid>," \
+    "or systemctl reload docker). Until then gVisor tests skip (or fail under EDGECODER_REQUIRE_GVISOR=1)."
 fi
 
 .venv/bin/edgecoder image build --if-missing

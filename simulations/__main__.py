@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="`scale`: also write its figures to this file")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=4, help="worker processes for scaling-procs and scale")
+    parser.add_argument("--isolation", default="runc", help="tiers the runners offer (hostile): runc, gvisor")
     parser.add_argument("--grief", type=int, default=0, help="`scale`: runners that claim and never deliver, or die")
     parser.add_argument("--offers", type=int, default=0, help="`scale`: offers per size (0: its default)")
     parser.add_argument("--rate", type=float, default=0.0, help="`scale`: offers a second (0: its default)")
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         adaptive_gossip=args.adaptive_gossip,
         eclipse_protection=args.eclipse_protection,
+        isolation=args.isolation,
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from executor.backends import parse_tiers
 from executor.policy import ExecutorPolicy
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
@@ -48,9 +49,10 @@ def lineup(*groups: tuple[Role, int]) -> list[Role]:
 DIALS_PER_NODE = 3
 
 
-def runner_policy() -> ExecutorPolicy:
-    """Two cores run the whole cluster: one warm container and one worker per runner node."""
-    return ExecutorPolicy(pool_size=1, max_concurrent=1, max_waiting=8)
+def runner_policy(isolation: str = "runc") -> ExecutorPolicy:
+    """Two cores run the whole cluster: one warm container and one worker per runner node; runners offer the
+    `isolation` tiers (runc, gvisor or runc,gvisor)."""
+    return ExecutorPolicy(pool_size=1, max_concurrent=1, max_waiting=8, isolation=parse_tiers(isolation))
 
 
 @dataclass

@@ -17,7 +17,7 @@ from mesh.codec import Domain, seal
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode
 from mesh.offers import parse_offer
-from simulations.cluster import lineup
+from simulations.cluster import lineup, runner_policy
 from simulations.probes import digest_of
 from simulations.progress import Progress
 from simulations.report import Report
@@ -47,7 +47,8 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     roles = lineup(("runner", runners), ("listener", total - runners - 2), ("offerer", 1), ("hostile", 1))
     count, rate, flood = (4, 1.0, 40) if options.quick else (20, 2.0, 400)
     report = options.report("hostile", f"A hostile peer floods {flood} forged and replayed offers")
-    async with started(roles, seed=options.seed) as (cluster, instruments, formed):
+    policy = runner_policy(options.isolation)
+    async with started(roles, seed=options.seed, policy=policy) as (cluster, instruments, formed):
         hostile = cluster.live("hostile")[0]
         honest = offerers(cluster)[0]
         hostile.gossip.pubsub.remove_topic_validator(OFFERS_TOPIC)

@@ -36,6 +36,7 @@ class Options:
     rate: float = 0.0
     adaptive_gossip: bool = False
     eclipse_protection: bool = True
+    isolation: str = "runc"  # the tiers runner nodes offer (the hostile scenario): runc, gvisor or runc,gvisor
 
     def n(self, quick: int, full: int) -> int:
         return self.nodes if self.nodes is not None else (quick if self.quick else full)

@@ -8,6 +8,9 @@
 - A test marked `@pytest.mark.interop` needs Node.js 20+ and the js-libp2p peer's packages (`npm ci` in
   tests/interop/js). Without them it is SKIPPED with the reason, unless EDGECODER_REQUIRE_INTEROP=1 (CI), where it
   FAILS instead.
+- A test marked `@pytest.mark.gvisor` needs what a docker test needs, and the daemon's `runsc` runtime registered
+  with the gVisor tier's arguments (scripts/setup.sh does it: executor/backends/registration.py). Without it, it is
+  SKIPPED with the reason, unless EDGECODER_REQUIRE_GVISOR=1 (CI), where it FAILS instead.
 """
 
 from __future__ import annotations
@@ -68,6 +71,29 @@ def _check_docker() -> str | None:
     return None
 
 
+_gvisor_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
+
+
+def gvisor_problem() -> str | None:
+    """Why gVisor tests cannot run here, or None when they can. Checked once per session."""
+    global _gvisor_problem
+    if _gvisor_problem is False:
+        _gvisor_problem = docker_problem() or _check_gvisor()
+    assert _gvisor_problem is not False and _gvisor_problem is not True
+    return _gvisor_problem
+
+
+def _check_gvisor() -> str | None:
+    from executor.backends.gvisor import GvisorBackend
+
+    try:
+        with docker.APIClient(**docker.utils.kwargs_from_env(), timeout=10) as api:
+            info = api.info()
+    except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+        return f"no Docker daemon reachable ({exc})"
+    return GvisorBackend().daemon_problem(info)
+
+
 _netns_problem: str | bool | None = False  # False: not checked yet; None: available; str: why not
 
 
@@ -111,6 +137,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _skip_or_fail(netns_problem(), "EDGECODER_REQUIRE_NETNS")
     if item.get_closest_marker("docker") is not None:
         _skip_or_fail(docker_problem(), "EDGECODER_REQUIRE_DOCKER")
+    if item.get_closest_marker("gvisor") is not None:
+        _skip_or_fail(gvisor_problem(), "EDGECODER_REQUIRE_GVISOR")
     if item.get_closest_marker("interop") is not None:
         _skip_or_fail(interop_problem(), "EDGECODER_REQUIRE_INTEROP")
 

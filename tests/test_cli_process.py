@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -237,6 +238,25 @@ def test_doctor_says_this_machine_can_sandbox() -> None:
     assert result.returncode == 0, result.stdout
     report = last_json(result.stdout)
     assert report["ok"] is True and all(check["ok"] for check in report["checks"])
+    names = [check["name"] for check in report["checks"]]
+    for name in ("docker daemon", "runc", "runsc (gVisor)", "cgroups", "userns-remap", "seccomp", "canary runc"):
+        assert name in names
+    assert report["tiers"]["runc"] == {"offered": True, "ok": True, "reason": "ready", "detail": ANY, "missing": []}
+    text = edgecoder("doctor")
+    assert "[ok  ] canary runc: proven: memory 128 MiB, pids 50, cpus 0.5" in text.stdout
+    assert "image and mounts: an offer carries only language, code, JSON input and limits" in text.stdout
+
+
+@pytest.mark.gvisor
+def test_exec_runs_under_the_isolation_it_is_given(code: Path, tmp_path: Path) -> None:
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text("import os\nprint(os.uname().release)\n")
+    runs = {
+        tier: edgecoder("exec", "--code-file", str(kernel), "--language", "python", "--isolation", tier)
+        for tier in ("runc", "gvisor")
+    }
+    assert last_json(runs["gvisor"].stdout)["stdout"] == "4.4.0\n", runs["gvisor"].stderr
+    assert last_json(runs["runc"].stdout)["stdout"] == os.uname().release + "\n", runs["runc"].stderr
 
 
 def test_cli_refuses_bad_usage_without_a_traceback(tmp_path: Path, code: Path) -> None:

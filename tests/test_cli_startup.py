@@ -63,7 +63,8 @@ def test_the_coordinator_service_is_imported_only_by_its_commands() -> None:
 
 
 def test_the_cli_s_copies_of_the_contract_s_constants_agree() -> None:
+    from executor.backends import TIERS
     from executor.contract import LANGUAGES, SANDBOXES
     from mesh import cli
 
-    assert cli.LANGUAGES == LANGUAGES and cli.SANDBOXES == SANDBOXES
+    assert cli.LANGUAGES == LANGUAGES and cli.SANDBOXES == SANDBOXES and cli.TIERS == TIERS

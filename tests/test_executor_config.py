@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -9,29 +11,46 @@ from typing import Any
 import pytest
 
 from executor import seccomp
+from executor.backends import SandboxBackend, backend_for
+from executor.backends.gvisor import GVISOR_HOST_PIDS
 from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT, build_container_config
-from executor.contract import Limits
+from executor.contract import ExecRequest, Limits
 from executor.policy import ExecutorPolicy
 
 BOOTSTRAP_COMMAND_PREFIX = ["python3", "-I", "-S", "-c"]
 UID = SANDBOX_UID_BASE + 12345
 
 
+RUNC = backend_for("runc")
+GVISOR = backend_for("gvisor")
+
+
 def config_of(
-    policy: ExecutorPolicy | None = None, limits: Limits | None = None, labels: dict[str, str] | None = None
+    policy: ExecutorPolicy | None = None,
+    limits: Limits | None = None,
+    labels: dict[str, str] | None = None,
+    backend: SandboxBackend = RUNC,
 ) -> dict[str, Any]:
-    return build_container_config(limits or Limits(), policy or ExecutorPolicy(), labels=labels or {}, uid=UID)
+    return build_container_config(
+        limits or Limits(), policy or ExecutorPolicy(), labels=labels or {}, uid=UID, backend=backend
+    )
 
 
-def test_every_field_is_pinned() -> None:
+@pytest.mark.parametrize("tier", ["runc", "gvisor"])
+def test_every_field_is_pinned(tier: str) -> None:
     config = build_container_config(
-        Limits(5000, 128, 0.5), ExecutorPolicy(), labels={"edgecoder.node": "n1"}, uid=SANDBOX_UID_BASE + 7
+        Limits(5000, 128, 0.5),
+        ExecutorPolicy(),
+        labels={"edgecoder.node": "n1"},
+        uid=SANDBOX_UID_BASE + 7,
+        backend=backend_for(tier),
     )
     command = config.pop("command")
     assert command[:4] == BOOTSTRAP_COMMAND_PREFIX and len(command) == 5
     security = config["host_config"].pop("SecurityOpt")
     assert security[0] == "no-new-privileges" and len(security) == 2
-    assert json.loads(security[1].removeprefix("seccomp=")) == seccomp.load()  # the shipped profile, as JSON text
+    # The shipped profile, as JSON text (under gVisor with clone3 let through to the Sentry: see below).
+    assert json.loads(security[1].removeprefix("seccomp=")) == backend_for(tier).adapt_seccomp(seccomp.load())
     assert config == {
         "image": "edgecoder-sandbox:bookworm",
         "user": f"{SANDBOX_UID_BASE + 7}:{SANDBOX_UID_BASE + 7}",
@@ -40,17 +59,20 @@ def test_every_field_is_pinned() -> None:
         "use_config_proxy": False,
         "stdin_open": True,
         "tty": False,
-        "labels": {"edgecoder.node": "n1", "edgecoder.mesh": "1"},
+        "labels": {"edgecoder.node": "n1", "edgecoder.mesh": "1", "edgecoder.isolation": tier},
         "host_config": {
+            # Named on every container, never left to the daemon's default runtime.
+            "Runtime": {"runc": "runc", "gvisor": "runsc"}[tier],
             "NetworkMode": "none",
             "ReadonlyRootfs": True,
             "Memory": 128 * 1024 * 1024,
             "MemorySwap": 128 * 1024 * 1024,
             "NanoCpus": 500_000_000,
-            "PidsLimit": 50,
+            # gVisor's own threads count in the host's pids cgroup; its guest processes stop at nproc = 50.
+            "PidsLimit": {"runc": 50, "gvisor": GVISOR_HOST_PIDS}[tier],
             "CapDrop": ["ALL"],
             "Tmpfs": {"/tmp": "rw,noexec,nosuid,size=64m"},
-            "Ulimits": [{"Name": "nofile", "Soft": 256, "Hard": 256}],
+            "Ulimits": [{"Name": "nofile", "Soft": 256, "Hard": 256}, {"Name": "nproc", "Soft": 50, "Hard": 50}],
             "LogConfig": {"Type": "none", "Config": {}},
             "MaskedPaths": [
                 "/proc/asound",
@@ -81,7 +103,7 @@ def test_every_field_is_pinned() -> None:
 def test_the_uid_must_come_from_the_sandbox_range() -> None:
     for uid in (0, 65534, SANDBOX_UID_BASE - 1, SANDBOX_UID_BASE + SANDBOX_UID_COUNT):
         with pytest.raises(ValueError, match="sandbox range"):
-            build_container_config(Limits(), ExecutorPolicy(), labels={}, uid=uid)
+            build_container_config(Limits(), ExecutorPolicy(), labels={}, uid=uid, backend=RUNC)
 
 
 def test_the_shipped_profile_is_what_derive_promises() -> None:
@@ -161,3 +183,63 @@ def test_network_only_when_the_policy_allows_it() -> None:
 def test_limits_map_to_docker_units() -> None:
     host = config_of(limits=Limits(1000, 33, 0.01))["host_config"]
     assert (host["Memory"], host["MemorySwap"], host["NanoCpus"]) == (33 << 20, 33 << 20, 10_000_000)
+
+
+def test_the_gvisor_tier_refuses_a_policy_with_a_network() -> None:
+    with pytest.raises(ValueError, match="network=none"):
+        config_of(ExecutorPolicy(allow_network=True), backend=GVISOR)
+
+
+class Weakening:
+    """A backend that tries to switch a shared flag off."""
+
+    tier = "runc"
+    runtime = "runc"
+    host_witness = False
+
+    def host_config(self, limits: Limits, policy: ExecutorPolicy) -> dict[str, Any]:
+        return {"Runtime": "runc", "CapDrop": []}
+
+
+def test_no_backend_may_override_the_shared_hardening() -> None:
+    with pytest.raises(ValueError, match="CapDrop"):
+        config_of(backend=Weakening())  # type: ignore[arg-type]
+
+
+# -- an offer never chooses the image or any mount ----------------------------------------------------------------
+# The November 2025 runc escapes (CVE-2025-31133, CVE-2025-52565, CVE-2025-52881) need an attacker-controlled image
+# or mount configuration. These tests pin that nothing an offerer sends can name either.
+
+FORBIDDEN_WORDS = ("image", "mount", "bind", "volume", "device", "runtime", "privileged", "cap", "security")
+
+
+def test_neither_an_offer_nor_a_run_request_has_a_field_for_an_image_or_a_mount() -> None:
+    from mesh.offers import TaskOffer
+
+    for schema in (TaskOffer, ExecRequest, Limits):
+        names = [f.name.lower() for f in dataclasses.fields(schema)]
+        assert not [n for n in names if any(word in n for word in FORBIDDEN_WORDS)], (schema.__name__, names)
+
+
+def test_container_creation_takes_nothing_of_a_request_but_its_clamped_limits() -> None:
+    parameters = list(inspect.signature(build_container_config).parameters)
+    assert parameters == ["request_limits_clamped", "policy", "labels", "uid", "backend"]
+    config = config_of()
+    assert config["image"] == ExecutorPolicy().image
+    assert not {"Binds", "Mounts", "VolumesFrom", "Devices", "Privileged"} & set(config["host_config"])
+
+
+def test_under_gvisor_only_clone3_changes_and_it_goes_to_the_sentry() -> None:
+    """runsc answers every SCMP_ACT_ERRNO rule with EPERM (google/gvisor#14688), so clone3's ENOSYS rule, which
+    glibc needs to fall back to clone, is an allow rule under gVisor, where the Sentry answers ENOSYS itself."""
+    shipped = seccomp.load()
+    adapted = GVISOR.adapt_seccomp(shipped)
+    seccomp.check(adapted)
+    assert RUNC.adapt_seccomp(shipped) == shipped
+    removed = [r for r in shipped["syscalls"] if r not in adapted["syscalls"]]
+    added = [r for r in adapted["syscalls"] if r not in shipped["syscalls"]]
+    assert removed == [
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38, "excludes": {"caps": ["CAP_SYS_ADMIN"]}}
+    ]
+    assert added == [{"names": ["clone3"], "action": "SCMP_ACT_ALLOW", "excludes": {"caps": ["CAP_SYS_ADMIN"]}}]
+    assert {**adapted, "syscalls": None} == {**shipped, "syscalls": None}

@@ -166,9 +166,11 @@ async def test_pooled_and_cold_runs_give_identical_results(docker_api: docker.AP
     async with Executor.open(policy, node_label=node_label) as ex:
         real_start = ex.sandbox.start
 
-        async def recording_start(limits: Limits, *, role: str, prestart: Any = None) -> Any:
+        async def recording_start(
+            limits: Limits, *, role: str, prestart: Any = None, accept_warnings: bool = False
+        ) -> Any:
             roles.append(role)
-            return await real_start(limits, role=role, prestart=prestart)
+            return await real_start(limits, role=role, prestart=prestart, accept_warnings=accept_warnings)
 
         ex.sandbox.start = recording_start  # type: ignore[method-assign]
         pooled = []

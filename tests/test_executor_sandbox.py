@@ -1,5 +1,9 @@
 """Live negative tests against the real daemon: each run returns promptly with the right error kind, proves the
-boundary from inside the container, and leaves no container behind."""
+boundary from inside the container, and leaves no container behind.
+
+Every test runs under each isolation tier (runc and gvisor: executor/backends/), the hostile catalogue under both
+boundaries; a test marked `runc_only` says why it holds for runc alone (the node's own side of a run, which is the
+same under every tier, or a property of runc's shared host kernel)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import docker.errors
 import pytest
 import trio
 
+from executor.backends import Tier
 from executor.bootstrap import BOOTSTRAP_FAILED
 from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits
@@ -32,7 +37,23 @@ from tests.docker_support import kill_process, start_executor_process
 pytestmark = pytest.mark.docker
 
 # The boundary is the container, so these tests switch the subset hygiene off and attack the container itself.
-POLICY = ExecutorPolicy(subset_check=False, pool_size=0)
+BASE_POLICY = ExecutorPolicy(subset_check=False, pool_size=0)
+POLICY = BASE_POLICY  # the tier fixture below sets the tier of each test's executors
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "tier" in metafunc.fixturenames:
+        one = metafunc.definition.get_closest_marker("runc_only") is not None
+        gvisor = pytest.param("gvisor", marks=pytest.mark.gvisor)
+        metafunc.parametrize("tier", ["runc"] if one else ["runc", gvisor], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The isolation tier of this run of the test: every executor the test opens offers it alone."""
+    tier: Tier = request.param
+    monkeypatch.setattr(sys.modules[__name__], "POLICY", replace(BASE_POLICY, isolation=(tier,)))
+    return tier
 
 
 @asynccontextmanager
@@ -63,10 +84,12 @@ async def test_only_the_loopback_interface_exists_inside(docker_api: docker.APIC
     assert_nothing_left(docker_api, node_label)
 
 
-async def test_root_file_system_is_read_only(docker_api: docker.APIClient, node_label: str) -> None:
+async def test_root_file_system_is_read_only(docker_api: docker.APIClient, node_label: str, tier: str) -> None:
+    """/var/tmp is mode 1777 in the image, so only the read-only root refuses a write there. gVisor checks the
+    permission of / (root's, 0755) before the read-only mount: EACCES there, where runc says EROFS."""
     code = (
         "import errno\n"
-        "for path in ('/pwned', '/etc/passwd', '/usr/bin/python3'):\n"
+        "for path in ('/var/tmp/pwned', '/pwned', '/etc/passwd', '/usr/bin/python3'):\n"
         "    try:\n"
         "        open(path, 'a').close()\n"
         "        print(path, 'WRITABLE')\n"
@@ -74,17 +97,20 @@ async def test_root_file_system_is_read_only(docker_api: docker.APIClient, node_
         "        print(path, errno.errorcode[exc.errno])\n"
     )
     result = await run_inside(node_label, code)
-    assert result.stdout.split("\n")[0] == "/pwned EROFS"
+    lines = result.stdout.split("\n")
+    assert lines[0] == "/var/tmp/pwned EROFS"
+    assert lines[1] == ("/pwned EROFS" if tier == "runc" else "/pwned EACCES")
     assert "WRITABLE" not in result.stdout
     assert_nothing_left(docker_api, node_label)
 
 
 async def test_identity_capabilities_and_no_new_privileges(docker_api: docker.APIClient, node_label: str) -> None:
+    # NoNewPrivs from prctl(PR_GET_NO_NEW_PRIVS): gVisor answers it but leaves it out of /proc/self/status.
     code = (
-        "import os\n"
+        "import ctypes, os\n"
         "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
         "print(os.getuid(), os.geteuid(), os.getgid(), os.getegid(), status['CapEff'].strip(),"
-        " status['CapPrm'].strip(), status['NoNewPrivs'].strip())"
+        " status['CapPrm'].strip(), ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"
     )
     result = await run_inside(node_label, code)
     uid, *rest = result.stdout.split()
@@ -100,11 +126,11 @@ async def test_canary_passes_on_the_hardened_config(docker_api: docker.APIClient
     assert health.ok, health
     assert canary.ok, canary
     seen = json.loads(canary.detail)
-    assert (seen["interfaces"], seen["gid"], seen["groups"], seen["root_read_only"]) == (
+    assert (seen["interfaces"], seen["gid"], seen["groups"], seen["root_write"]) == (
         ["lo"],
         seen["uid"],
         [seen["uid"]],
-        True,
+        "EROFS",
     )
     assert SANDBOX_UID_BASE <= seen["uid"] < SANDBOX_UID_BASE + SANDBOX_UID_COUNT
     assert_nothing_left(docker_api, node_label)
@@ -123,29 +149,42 @@ def cgroup(controller, name, v2_name=None):
 FORK_BOMB = (
     CGROUP_READ
     + """
-import sys
+import resource, sys
 origin = os.getpid()
+def pids(name):
+    try:
+        return cgroup("pids", name)
+    except FileNotFoundError:  # gVisor: no host cgroup inside
+        return "-"
 while True:
     try:
         os.fork()
     except BlockingIOError as exc:  # every process forks on; the first one reports where it was stopped
         if os.getpid() == origin:
-            print(exc.strerror, cgroup("pids", "pids.current"), cgroup("pids", "pids.max"), flush=True)
+            nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+            print(exc.strerror, pids("pids.current"), pids("pids.max"), nproc, flush=True)
             sys.exit(0)
 """
 )
 
 
-async def test_fork_bomb_stops_at_the_pids_ceiling(docker_api: docker.APIClient, node_label: str) -> None:
-    """Not a timeout: the bomb itself meets EAGAIN at pids.max, reports it, and its run ends (the supervisor kills
-    every process the bomb left) well before its timeout."""
+async def test_fork_bomb_stops_at_the_pids_ceiling(docker_api: docker.APIClient, node_label: str, tier: str) -> None:
+    """Not a timeout: the bomb itself meets EAGAIN at the ceiling, reports it, and its run ends (the supervisor
+    kills every process the bomb left) well before its timeout. Under runc the ceiling is pids.max (and nproc);
+    under gVisor it is RLIMIT_NPROC, which the Sentry enforces. Each gVisor process also costs the Sentry host
+    memory, so in 128 MiB the bomb meets the memory limit first (contained all the same): 256 MiB here."""
+    memory = 128 if tier == "runc" else 256
     async with executor(node_label) as ex:
-        bomb = await ex.run_code(ExecRequest("python", FORK_BOMB, limits=Limits(timeout_ms=20_000)))
+        limits = Limits(timeout_ms=20_000, memory_mb=memory)
+        bomb = await ex.run_code(ExecRequest("python", FORK_BOMB, limits=limits))
         after = await ex.run_code(ExecRequest("python", "print('still fine')"))
     assert (bomb.ok, bomb.error_kind) == (True, None), bomb.stderr
-    why, current, ceiling = bomb.stdout.rsplit(maxsplit=2)
-    assert (why, ceiling) == ("Resource temporarily unavailable", "50")
-    assert int(current) <= 50
+    why, current, ceiling, nproc = bomb.stdout.rsplit(maxsplit=3)
+    assert (why, nproc) == ("Resource temporarily unavailable", "50")
+    if tier == "runc":
+        assert ceiling == "50" and int(current) <= 50
+    else:
+        assert (current, ceiling) == ("-", "-")
     assert (after.ok, after.stdout) == (True, "still fine\n")
     assert_nothing_left(docker_api, node_label)
 
@@ -211,6 +250,7 @@ trio.run(main)
 """
 
 
+@pytest.mark.runc_only("the node's memory while it reads a flood: the same under every tier")
 async def test_output_flood_is_truncated_in_bounded_memory(docker_api: docker.APIClient, node_label: str) -> None:
     done = await trio.run_process(
         [sys.executable, "-c", FLOOD_MEMORY, node_label], capture_stdout=True, capture_stderr=True
@@ -300,6 +340,7 @@ async def test_supervisor_trailer_never_shows_and_status_is_the_programs(
     assert_nothing_left(docker_api, node_label)
 
 
+@pytest.mark.runc_only("the node's kill and removal: the same under every tier")
 async def test_abort_kills_and_removes_and_reports_aborted(docker_api: docker.APIClient, node_label: str) -> None:
     async with executor(node_label) as ex:
         results: list[ExecResult] = []
@@ -318,6 +359,7 @@ async def test_abort_kills_and_removes_and_reports_aborted(docker_api: docker.AP
     assert_nothing_left(docker_api, node_label)
 
 
+@pytest.mark.runc_only("the node's kill and removal: the same under every tier")
 async def test_caller_cancel_kills_and_removes(docker_api: docker.APIClient, node_label: str) -> None:
     async with executor(node_label) as ex:
         with trio.move_on_after(1.0) as scope:
@@ -329,6 +371,7 @@ async def test_caller_cancel_kills_and_removes(docker_api: docker.APIClient, nod
     assert_nothing_left(docker_api, node_label)
 
 
+@pytest.mark.runc_only("the node's kill and removal: the same under every tier")
 async def test_closing_the_executor_aborts_runs_in_flight(docker_api: docker.APIClient, node_label: str) -> None:
     results: list[ExecResult] = []
     async with trio.open_nursery() as nursery, executor(node_label) as ex:
@@ -354,6 +397,7 @@ async def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
 FLOOD = "import sys\nwhile True:\n    sys.stdout.write('A' * 65536)"
 
 
+@pytest.mark.runc_only("the node's kill under a flood: the same under every tier")
 @pytest.mark.parametrize("pool_size", [0, 1])
 async def test_an_output_flood_does_not_stall_the_kill(
     docker_api: docker.APIClient, node_label: str, pool_size: int
@@ -383,6 +427,7 @@ async def test_the_last_bytes_before_a_timeout_are_kept(docker_api: docker.APICl
     assert_nothing_left(docker_api, node_label)
 
 
+@pytest.mark.runc_only("the node's process dying: the same under every tier")
 async def test_a_container_whose_owner_was_killed_ends_at_its_own_deadline(
     docker_api: docker.APIClient, node_label: str
 ) -> None:
@@ -399,6 +444,7 @@ async def test_a_container_whose_owner_was_killed_ends_at_its_own_deadline(
     assert exits == {"cold": TIMEOUT_EXIT_CODE, "pool": BOOTSTRAP_FAILED}
 
 
+@pytest.mark.runc_only("the node's sweep: the same under every tier")
 async def test_every_executor_sweeps_what_dead_owners_left_and_spares_the_living(
     docker_api: docker.APIClient, node_label: str
 ) -> None:
@@ -462,12 +508,19 @@ sys.exit(7)
 """
 
 
-async def test_a_failing_program_cannot_report_success(docker_api: docker.APIClient, node_label: str) -> None:
-    """The nonce was in /proc/1/cmdline and the supervisor could be traced: a program exiting 7 reported ok."""
+async def test_a_failing_program_cannot_report_success(
+    docker_api: docker.APIClient, node_label: str, tier: str
+) -> None:
+    """The nonce was in /proc/1/cmdline and the supervisor could be traced: a program exiting 7 reported ok.
+
+    gVisor's /proc applies the supervisor's PR_SET_DUMPABLE 0 to its memory but not to its environment or its fd
+    links (measured): they hold no nonce (it lives in the supervisor's memory only), which the result proves."""
     result = await run_inside(node_label, FORGER)
     assert (result.ok, result.exit_code, result.error_kind) == (False, 7, ErrorKind.EXECUTION_FAILED)
     tried = dict(ast.literal_eval(result.stderr.splitlines()[0]))
-    assert tried["environ"] == tried["fd"] == tried["mem"] == "EACCES", tried
+    assert tried["mem"] == "EACCES", tried
+    if tier == "runc":
+        assert tried["environ"] == tried["fd"] == "EACCES", tried
     assert tried["ptrace"] == tried["process_vm_readv"] == "EPERM", tried
     assert_nothing_left(docker_api, node_label)
 
@@ -537,9 +590,15 @@ if platform.machine() == "x86_64":
     child = os.fork()
     if child == 0:
         result = ctypes.CFUNCTYPE(ctypes.c_int)(page)()
-        os._exit(0 if result >= 0 else min(-result, 120))
+        if result >= 0:  # a vsock socket, or a call that was not socketcall at all (gVisor runs int 0x80 as the
+            try:         # x86_64 syscall 102, getuid)
+                vsock = socket.socket(fileno=result).family == 40
+            except OSError:
+                vsock = False
+            os._exit(0 if vsock else 121)
+        os._exit(min(-result, 120))
     status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-    seen["i386 socketcall(AF_VSOCK)"] = "allowed" if status == 0 else (
+    seen["i386 socketcall(AF_VSOCK)"] = "allowed" if status == 0 else "no socket" if status == 121 else (
         f"killed by signal {-status}" if status < 0 else errno.errorcode[status])
 print(json.dumps(seen))
 """
@@ -552,8 +611,9 @@ async def test_the_shipped_seccomp_profile_denies_from_inside(docker_api: docker
     allowed = {"socket(AF_UNIX)", "socket(AF_INET)"}
     assert {name for name, outcome in seen.items() if outcome == "allowed"} == allowed, seen
     denied = {name: outcome for name, outcome in seen.items() if name not in allowed}
-    # EPERM is seccomp's answer (defaultErrnoRet 1); a syscall of a denied architecture kills with SIGSYS.
-    assert set(denied.values()) <= {"EPERM", "killed by signal 31"}, denied
+    # EPERM is seccomp's answer (defaultErrnoRet 1); a syscall of a denied architecture kills with SIGSYS; gVisor
+    # has no 32-bit entry point at all (int 0x80 ran getuid: "no socket").
+    assert set(denied.values()) <= {"EPERM", "killed by signal 31", "no socket"}, denied
     assert_nothing_left(docker_api, node_label)
 
 
@@ -597,12 +657,18 @@ print(json.dumps({path: look(path) for path in paths} | {"net": sorted(os.listdi
 """
 
 
-async def test_what_the_container_does_not_need_is_masked(docker_api: docker.APIClient, node_label: str) -> None:
+async def test_what_the_container_does_not_need_is_masked(
+    docker_api: docker.APIClient, node_label: str, tier: str
+) -> None:
     host_boot_id = Path("/proc/sys/kernel/random/boot_id").read_text()
+    host_cmdline = Path("/proc/cmdline").read_text().strip()
     result = await run_inside(node_label, MASK_PROBE)
     assert result.ok, result.stderr
     seen = json.loads(result.stdout)
     assert seen.pop("net") == ["lo"]  # what the canary reads stays readable
+    if tier == "gvisor":  # gVisor's own kernel command line, a constant that says nothing of the host
+        assert seen.pop("/proc/cmdline") == "BOOT_IMAGE=/vmlinuz-4.4.0-gvisor quiet\n"
+        assert host_cmdline not in result.stdout
     # A masked file reads as empty (/dev/null is mounted on it), a masked directory lists nothing; a path this
     # kernel does not have (/proc/kcore here) stays absent.
     assert {path: value for path, value in seen.items() if value not in ("", [], "No such file or directory")} == {}
@@ -649,6 +715,7 @@ def a_hog_holds_its_inotify_instances() -> bool:
     return False
 
 
+@pytest.mark.runc_only("per-uid limits of runc's shared host kernel; under gVisor each sandbox has a kernel of its own")
 async def test_one_sandbox_cannot_exhaust_per_user_limits_of_another(
     docker_api: docker.APIClient, node_label: str
 ) -> None:

@@ -32,7 +32,7 @@ from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limi
 from executor.output import FRAME_HEADER
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
-from executor.sandbox import CANARY_CODE, StartedContainer
+from executor.sandbox import StartedContainer
 from executor.supervisor import HEADER_SIZE, PRESTART_SIZE, PROGRAMS, ProtocolError, parse_header, parse_prestart
 from tests.conftest import containers_of
 from tests.docker_support import wait_pool_ready
@@ -560,6 +560,22 @@ FLOODS = {
     # Each write waits for the pipe: a loop that never yields would queue its writes in memory (an OOM kill).
     "javascript": "const a = 'A'.repeat(65536);\n(function more() { process.stdout.write(a, more); })();",
 }
+# The facts of the node's canary that a program reads from inside, in each language (the node's canary itself,
+# executor/canary.py, reads more: limits, the runtime, the host's cgroup; it runs on arrival, not warm).
+PYTHON_CANARY = """
+import errno, json, os
+status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().strip().split('\\n'))
+try:
+    open('/edgecoder-canary', 'w').close()
+    root_read_only = False
+except OSError as e:
+    root_read_only = e.errno == errno.EROFS
+print(json.dumps({
+    'interfaces': sorted(os.listdir('/sys/class/net')), 'root_read_only': root_read_only, 'uid': os.getuid(),
+    'gid': os.getgid(), 'groups': os.getgroups(), 'cap_eff': status['CapEff'].strip(),
+    'no_new_privs': status['NoNewPrivs'].strip(),
+}))
+"""
 JAVASCRIPT_CANARY = """
 const fs = require('fs');
 const status = Object.fromEntries(
@@ -589,7 +605,7 @@ async def test_limits_hold_on_the_warm_path(docker_api: docker.APIClient, node_l
         memory = await run_once(ex, ExecRequest(language, MEMORY_BOMBS[language], limits=Limits(timeout_ms=20_000)))
         busy = await run_once(ex, ExecRequest(language, BUSY_LOOPS[language], limits=Limits(timeout_ms=1000)))
         flood = await run_once(ex, ExecRequest(language, FLOODS[language], limits=Limits(timeout_ms=1000)))
-        canary = await run_once(ex, ExecRequest(language, CANARY_CODE if language == "python" else JAVASCRIPT_CANARY))
+        canary = await run_once(ex, ExecRequest(language, PYTHON_CANARY if language == "python" else JAVASCRIPT_CANARY))
         after = await run_once(ex, ExecRequest(language, "print(1)" if language == "python" else "console.log(1)"))
     assert bomb.ok, bomb.stderr
     why, current, ceiling = bomb.stdout.rsplit(maxsplit=2)

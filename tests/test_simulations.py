@@ -12,9 +12,9 @@ from simulations.registry import scenario
 from simulations.scenario import Options, quiet_logs
 
 
-def run_quick(name: str, tmp_path: Path, nodes: int | None = None) -> dict[str, Any]:
+def run_quick(name: str, tmp_path: Path, nodes: int | None = None, isolation: str = "runc") -> dict[str, Any]:
     quiet_logs()
-    report, figures = trio.run(scenario(name), Options(quick=True, nodes=nodes, out=tmp_path))
+    report, figures = trio.run(scenario(name), Options(quick=True, nodes=nodes, out=tmp_path, isolation=isolation))
     path = report.write()
     assert path.exists() and path.read_text().startswith("# ")
     assert report.figures and all(p.exists() and p.stat().st_size > 1000 for p in report.figures)
@@ -58,8 +58,9 @@ def test_none_nodes_hear_claim_and_run_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_forged_and_replayed_offers_are_all_rejected(tmp_path: Path) -> None:
-    figures = run_quick("hostile", tmp_path)
+@pytest.mark.parametrize("isolation", ["runc", pytest.param("gvisor", marks=pytest.mark.gvisor)])
+def test_forged_and_replayed_offers_are_all_rejected(tmp_path: Path, isolation: str) -> None:
+    figures = run_quick("hostile", tmp_path, isolation=isolation)
     assert figures["forged_reached"] == 0 and figures["forged_ran"] == 0
     # A gossip offer re-sent directly is refused by its signed audience (or as a replay where it already ran).
     assert figures["replays_direct"] and set(figures["replays_direct"]) <= {"replayed", "wrong_audience"}

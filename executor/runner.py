@@ -128,7 +128,12 @@ class Executor:
             if checker is not None:
                 await checker.aclose()
 
-    async def run_code(self, request: ExecRequest, *, sandbox: str = "docker", origin: str = "remote") -> ExecResult:
+    async def run_code(
+        self, request: ExecRequest, *, sandbox: str = "docker", origin: str = "remote", spare_warm: int = 0
+    ) -> ExecResult:
+        """Run one request under the policy. `spare_warm` is how many warm containers this run must leave in the
+        pool: when it would take one of the last ones, it starts cold instead (the node keeps them for offerers it
+        knows, see mesh/standing.py)."""
         if sandbox == "host" and origin != "local":
             return refusal(SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=SANDBOX_REQUIRED)
         if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
@@ -154,9 +159,11 @@ class Executor:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
-        return await self._admitted(prepared, limits, on_host=sandbox == "host")
+        return await self._admitted(prepared, limits, on_host=sandbox == "host", spare_warm=spare_warm)
 
-    async def _admitted(self, request: PreparedRequest, limits: Limits, *, on_host: bool) -> ExecResult:
+    async def _admitted(
+        self, request: PreparedRequest, limits: Limits, *, on_host: bool, spare_warm: int = 0
+    ) -> ExecResult:
         started_at = trio.current_time()
         self._waiting += 1
         try:
@@ -172,7 +179,8 @@ class Executor:
                     run_scope.cancel()
                 if on_host:
                     return await run_on_host(request, limits, self.policy)
-                return await self.sandbox.run(request, limits, source=self.pool)
+                source = self.pool if self.pool.ready > spare_warm else None
+                return await self.sandbox.run(request, limits, source=source)
             # Only abort_all() cancels this scope; the sandbox has killed and removed the container.
             return _aborted(int((trio.current_time() - started_at) * 1000))
         finally:

@@ -145,6 +145,8 @@ class MeshNode:
             participating=lambda: self.gate.participating,
             metrics=self.metrics,
             replay_journal=None if state is None else state.replay_journal,
+            standing_journal=None if state is None else state.standing_journal,
+            workers=config.executor_policy.max_concurrent if executor is not None else 0,
         )
         self.metrics.participating.set_function(lambda: float(self.gate.participating))
         self.metrics.queue_depth.set_function(lambda: float(self.intake.queue_depth))
@@ -401,6 +403,8 @@ class MeshNode:
             waited_ms=round((time.monotonic() - job.admitted_at) * 1000) - result.duration_ms,
         )
         await answer(result)
+        if result.exit_code is not None:
+            self.intake.served(job)  # its code ran here and was answered: the offerer is known to this node now
 
     async def _claim(self, job: Job) -> bool:
         try:
@@ -424,7 +428,11 @@ class MeshNode:
         assert self.executor is not None
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
-        result: ExecResult = await self.executor.run_code(request, sandbox=offer.sandbox, origin=job.origin)
+        # A fresh offerer's run leaves the last warm container to offerers this node knows (mesh/standing.py).
+        spare_warm = 0 if job.established else 1
+        result: ExecResult = await self.executor.run_code(
+            request, sandbox=offer.sandbox, origin=job.origin, spare_warm=spare_warm
+        )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
         self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()

@@ -540,6 +540,13 @@ SETTINGS: tuple[Setting, ...] = (
         "--fresh-share",
     ),
     Setting(
+        "intake.established_after_s",
+        FloatRange(0, 30 * 24 * 3600, "s"),
+        600.0,
+        "An offerer this node has served over this long is established: it keeps its share when new keys flood.",
+        "--established-after",
+    ),
+    Setting(
         "intake.deny_offerers",
         ListOf(Text("an Ed25519 PeerID (12D3KooW...)", _peer_id)),
         (),
@@ -789,6 +796,7 @@ def node_settings(resolved: Resolved) -> NodeSettings:
         queue_per_offerer=v["intake.queue_per_offerer"],
         trusted_offerers=frozenset(public_key_of_peer_id(p) for p in v["intake.trusted_offerers"]),
         fresh_share=v["intake.fresh_share"],
+        established_after_s=v["intake.established_after_s"],
     )
     return NodeSettings(
         key=v["node.key"],

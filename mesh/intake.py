@@ -60,14 +60,16 @@ class IntakePolicy:
     trusted_offerers: frozenset[bytes] = frozenset()
     # The part of the queue's places and of the workers that fresh offerers may take, together (at least one each).
     fresh_share: float = 0.5
-    # Fresh offerers promoted to established once served, node-wide, at most this many an hour (a burst of 16).
+    # A fresh offerer becomes established once this node has served it over this long (see mesh.standing), and
+    # node-wide at most `promotions_per_hour` of them are (a burst of 16).
+    established_after_s: float = 600.0
     promotions_per_hour: float = 60.0
 
     def __post_init__(self) -> None:
         if self.queue_size < 1 or not 1 <= self.per_offerer(1) <= self.queue_size:
             raise ValueError("the queue needs queue_size >= 1 and 1 <= queue_per_offerer <= queue_size")
-        if not 0 < self.fresh_share <= 1 or self.promotions_per_hour <= 0:
-            raise ValueError("fresh_share must be in (0, 1] and promotions_per_hour positive")
+        if not 0 < self.fresh_share <= 1 or self.promotions_per_hour <= 0 or self.established_after_s < 0:
+            raise ValueError("fresh_share must be in (0, 1], promotions_per_hour positive, established_after_s >= 0")
 
     def per_offerer(self, workers: int) -> int:
         """Offers one offerer may have unfinished, on a node with `workers` workers."""
@@ -210,6 +212,7 @@ class Intake:
         self._verified = _VerifiedDigests()
         self.standing = Standing(
             trusted=policy.established_offerers,
+            tenure_s=policy.established_after_s,
             promotions_per_hour=policy.promotions_per_hour,
             monotonic=monotonic,
             journal=standing_journal,
@@ -278,6 +281,12 @@ class Intake:
     def served(self, job: Job) -> None:
         """The job's code ran here and its result was handed back: its offerer has history with this node now."""
         self.standing.served(job.offerer)
+
+    def spare_warm(self, job: Job) -> int:
+        """Warm containers a job taken from the queue must leave in the pool: the last one is kept for an
+        established offerer with no other run going, the one whose latency the classes are there to protect."""
+        queue = self.jobs.classes
+        return 0 if job.established and queue.established.running(job.offerer) <= 1 else 1
 
     def close(self) -> None:
         self.jobs.close()

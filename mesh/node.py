@@ -429,9 +429,8 @@ class MeshNode:
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
         # A fresh offerer's run leaves the last warm container to offerers this node knows (mesh/standing.py).
-        spare_warm = 0 if job.established else 1
         result: ExecResult = await self.executor.run_code(
-            request, sandbox=offer.sandbox, origin=job.origin, spare_warm=spare_warm
+            request, sandbox=offer.sandbox, origin=job.origin, spare_warm=self.intake.spare_warm(job)
         )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)

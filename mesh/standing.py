@@ -5,10 +5,13 @@ per key cannot help against that. What a new key cannot have is history with thi
 part of its queue and of its workers for established offerers (see `mesh.fairqueue.ClassQueue`):
 
 - **trusted**: the operator's lists (`IntakePolicy.trusted_offerers`, and every key of `allow_offerers`);
-- **earned**: an offerer whose offer this node ran in a container and answered (`served`). Promotion is paid for
-  by the node's own work, which fresh offerers get only within their share, and it is rate limited node-wide
-  (`promotions_per_hour`, with a burst), so a Sybil swarm grows the established class slowly however many keys it
-  makes. The earned set is bounded (`capacity`, least recently served forgotten first).
+- **earned**: an offerer this node has served (ran one of its offers in a container and answered it) over at least
+  `tenure_s` (ten minutes by default): served once, then again at least that long after the first time. So a key
+  made for an attack is fresh for its first ten minutes here, and a one-key flood stays in the fresh class while it
+  floods. Promotion is also paid for by the node's own work, which fresh offerers get only within their share, and
+  it is rate limited node-wide (`promotions_per_hour`, with a burst), so a Sybil swarm that waits out the tenure
+  still joins the established class slowly however many keys it makes. The earned set is bounded (`capacity`,
+  least recently served forgotten first), and so are the candidates (fresh offerers served once, with the time).
 
 With a `journal` the earned set survives restarts: each promotion appends the 32-byte key (a plain `write`, no
 fsync), and the file is rewritten with the live set on load and once it holds twice `capacity` records.
@@ -38,18 +41,21 @@ class Standing:
         *,
         trusted: frozenset[bytes] = frozenset(),
         capacity: int = 10_000,
+        tenure_s: float = 600.0,
         promotions_per_hour: float = 60.0,
         promotion_burst: float = 16.0,
         monotonic: Callable[[], float],
         journal: Path | None = None,
     ) -> None:
-        if capacity < 1:
-            raise ValueError("the earned set needs room for at least one offerer")
+        if capacity < 1 or tenure_s < 0:
+            raise ValueError("the earned set needs room for at least one offerer, and a tenure of 0 s or more")
         self.trusted = trusted
         self.capacity = capacity
+        self.tenure_s = tenure_s
         self._monotonic = monotonic
         self._promotions = RateLimiter(promotions_per_hour / 3600, promotion_burst, max_keys=1)
         self._earned: OrderedDict[bytes, None] = OrderedDict()  # least recently served first
+        self._candidates: OrderedDict[bytes, float] = OrderedDict()  # fresh offerer -> when first served
         self.promoted = 0  # promotions since start, and promotions the budget deferred: for metrics and tests
         self.deferred = 0
         self._journal_path = journal
@@ -71,9 +77,17 @@ class Standing:
         if offerer in self._earned:
             self._earned.move_to_end(offerer)
             return False
-        if not self._promotions.allow(_PROMOTIONS, self._monotonic()):
+        now = self._monotonic()
+        first = self._candidates.setdefault(offerer, now)
+        self._candidates.move_to_end(offerer)
+        if len(self._candidates) > self.capacity:
+            self._candidates.popitem(last=False)
+        if now - first < self.tenure_s:
+            return False
+        if not self._promotions.allow(_PROMOTIONS, now):
             self.deferred += 1  # it stays fresh; a later run may promote it when the budget has refilled
             return False
+        del self._candidates[offerer]
         self._earned[offerer] = None
         if len(self._earned) > self.capacity:
             self._earned.popitem(last=False)

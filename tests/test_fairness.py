@@ -69,12 +69,15 @@ def serve(intake: Intake, job: Job) -> None:
     intake.served(job)
 
 
-def establish(intake: Intake, identity: NodeIdentity) -> None:
-    assert isinstance(deliver(intake, offer(identity)), Admitted)
-    job = take(intake)
-    assert job is not None and job.offerer == identity.public_key and not job.established
-    serve(intake, job)
-    assert intake.standing.established(identity.public_key)
+def establish(intake: Intake, identity: NodeIdentity, clock: Clock) -> None:
+    """Served, and served again once the tenure has passed: what an offerer that uses this node does."""
+    for _ in range(2):
+        assert isinstance(deliver(intake, offer(identity)), Admitted)
+        job = take(intake)
+        assert job is not None and job.offerer == identity.public_key and not job.established
+        serve(intake, job)
+        assert intake.standing.established(identity.public_key) == (_ == 1)
+        clock.t += intake.policy.established_after_s
 
 
 def sybils(n: int) -> list[NodeIdentity]:
@@ -84,7 +87,7 @@ def sybils(n: int) -> list[NodeIdentity]:
 def test_honest_offers_are_served_through_a_swarm_of_300_fresh_keys() -> None:
     """The finding: 0 of 29 honest offers served with 300 Sybil keys. Now the swarm fills only the fresh share."""
     intake, clock = make_intake()
-    establish(intake, HONEST)
+    establish(intake, HONEST, clock)
     swarm = sybils(300)
     verdicts = [deliver(intake, offer(key)) for key in swarm]
     admitted = sum(isinstance(v, Admitted) for v in verdicts)
@@ -115,8 +118,8 @@ def test_honest_offers_are_served_through_a_swarm_of_300_fresh_keys() -> None:
 
 def test_one_flooding_key_holds_its_budget_and_the_honest_offer_is_next() -> None:
     """The finding: one key's burst of 20 then 5/s exceeded what two workers serve, and starved everyone."""
-    intake, _ = make_intake(burst_per_offerer=1000, rate_per_offerer=1000)
-    establish(intake, HONEST)
+    intake, clock = make_intake(burst_per_offerer=1000, rate_per_offerer=1000)
+    establish(intake, HONEST, clock)
     flooder = NodeIdentity.generate()
     verdicts = [deliver(intake, offer(flooder)) for _ in range(50)]
     budget = intake.policy.per_offerer(WORKERS)
@@ -147,8 +150,8 @@ def test_an_established_flooder_yields_its_turn_while_it_has_a_run_going() -> No
 
 def test_the_budget_follows_the_workers_and_refills_as_they_finish() -> None:
     for workers in (1, 2, 4):
-        intake, _ = make_intake(workers=workers, burst_per_offerer=1000, rate_per_offerer=1000)
-        establish(intake, HONEST)
+        intake, clock = make_intake(workers=workers, burst_per_offerer=1000, rate_per_offerer=1000)
+        establish(intake, HONEST, clock)
         budget = intake.policy.per_offerer(workers)
         assert budget == max(2, 2 * workers)
         assert [isinstance(deliver(intake, offer(HONEST)), Admitted) for _ in range(budget + 1)] == [True] * budget + [
@@ -190,8 +193,8 @@ def test_fresh_offerers_are_slowed_by_established_work_never_shut_out() -> None:
 
 
 def test_with_one_worker_fresh_offerers_share_it_and_established_ones_go_first() -> None:
-    intake, _ = make_intake(workers=1)
-    establish(intake, HONEST)
+    intake, clock = make_intake(workers=1)
+    establish(intake, HONEST, clock)
     for key in sybils(3):
         deliver(intake, offer(key))
     running = take(intake)
@@ -202,21 +205,41 @@ def test_with_one_worker_fresh_offerers_share_it_and_established_ones_go_first()
     assert nxt is not None and nxt.established  # no worker to keep aside, but the queue puts it first
 
 
+def test_a_flooding_key_stays_fresh_for_its_tenure() -> None:
+    """Served at once and again and again, a new key is still fresh until its first run here is ten minutes old."""
+    intake, clock = make_intake(burst_per_offerer=1000, rate_per_offerer=1000)
+    flooder = NodeIdentity.generate()
+    for _ in range(50):
+        assert isinstance(deliver(intake, offer(flooder)), Admitted)
+        job = take(intake)
+        assert job is not None and not job.established
+        serve(intake, job)
+        clock.t += 10
+    assert not intake.standing.established(flooder.public_key)
+    clock.t += 100  # 600 s since its first run
+    assert isinstance(deliver(intake, offer(flooder)), Admitted)
+    job = take(intake)
+    assert job is not None
+    serve(intake, job)
+    assert intake.standing.established(flooder.public_key)
+
+
 def test_promotion_is_rate_limited_node_wide() -> None:
-    """A swarm that gets its keys served becomes established only at the promotion budget's pace."""
+    """A swarm that waits out the tenure becomes established only at the promotion budget's pace."""
     intake, clock = make_intake(workers=2, queue_size=1000, promotions_per_hour=60)
     swarm = sybils(100)
-    for key in swarm:
-        assert isinstance(deliver(intake, offer(key)), Admitted)
-    for _ in swarm:
-        job = take(intake)
-        assert job is not None
-        serve(intake, job)
-    assert intake.standing.promoted == 16 and intake.standing.deferred == 84  # the burst, then a minute each
-    clock.t += 600
+    for _ in range(2):
+        for key in swarm:
+            assert isinstance(deliver(intake, offer(key)), Admitted)
+        for _ in swarm:
+            job = take(intake)
+            assert job is not None
+            serve(intake, job)
+        clock.t += 600
+    assert intake.standing.promoted == 16 and intake.standing.deferred == 84  # the burst; then one a minute
     for key in swarm:
         intake.standing.served(key.public_key)
-    assert intake.standing.promoted == 26
+    assert intake.standing.promoted == 26  # the ten minutes since
 
 
 def test_trusted_and_allowed_offerers_are_established_from_the_first_offer() -> None:
@@ -238,14 +261,14 @@ def test_trusted_and_allowed_offerers_are_established_from_the_first_offer() -> 
 def test_established_offerers_survive_a_restart(tmp_path: Path) -> None:
     journal = tmp_path / "offerers"
     clock = Clock()
-    first = Standing(monotonic=clock, journal=journal)
+    first = Standing(monotonic=clock, journal=journal, tenure_s=0)
     keys = [k.public_key for k in sybils(5)]
     for key in keys:
         assert first.served(key)
     first.close()
     with open(journal, "ab") as torn:
         torn.write(b"\x01" * 7)  # a crash mid-append
-    again = Standing(monotonic=clock, journal=journal, capacity=3)
+    again = Standing(monotonic=clock, journal=journal, capacity=3, tenure_s=0)
     assert [again.established(k) for k in keys] == [False, False, True, True, True]  # the newest three
     again.close()
     assert journal.stat().st_size == 3 * 32
@@ -260,7 +283,7 @@ def test_a_fresh_share_outside_0_to_1_is_refused(share: float) -> None:
 def test_a_promotion_does_not_give_an_offerer_a_second_budget() -> None:
     """Promoted while work of its fresh days is still queued, an offerer's budget spans both of its lanes."""
     newcomer = NodeIdentity.generate()
-    intake, _ = make_intake(workers=1, burst_per_offerer=1000, rate_per_offerer=1000)
+    intake, _ = make_intake(workers=1, burst_per_offerer=1000, rate_per_offerer=1000, established_after_s=0)
     budget = intake.policy.per_offerer(1)
     for _ in range(budget):
         assert isinstance(deliver(intake, offer(newcomer)), Admitted)

@@ -51,6 +51,7 @@ from cli_baseline import CODE, EXPECTED, INPUT  # noqa: E402  (benchmarks/ is th
 
 from executor.contract import Limits  # noqa: E402
 from mesh.identity import NodeIdentity  # noqa: E402
+from mesh.intake import IntakePolicy  # noqa: E402
 from mesh.node import MeshNode, NodeConfig  # noqa: E402
 from tests.docker_support import sandbox_policy  # noqa: E402
 from transports.hardening import refusal_counts  # noqa: E402
@@ -485,6 +486,114 @@ def _bad_signatures(target: Target) -> int:
     return target.runner.gossip.stats["offer_rejected:bad_signature"]
 
 
+# -- the intake's attacks: bombs, one flooding key, Sybil keys (mesh/msgshape.py, mesh/fairqueue.py) --------------
+
+# 1000 nested array32 headers of 131,072 elements each: 5 KB that cost 80-200 ms and ~66 MB before the shape walk.
+MSGPACK_BOMB = b"\xdd\x00\x02\x00\x00" * 1000
+# The flooders' work: short, but a worker and a container each.
+FLOOD_CODE = "import time\ntime.sleep(0.2)\nprint(1)"
+
+
+async def _offer_stream(host: object, addr: str, raw: bytes) -> str:
+    """One offer on a stream of its own, as `edgecoder offer --to` sends it; the answer's type or refusal reason."""
+    from libp2p.custom_types import TProtocol
+
+    from mesh.codec import unpack_strict
+    from tests.hardening_support import peer_id
+    from transports.direct import OFFER_PROTOCOL
+    from transports.framing import read_frame, write_frame
+
+    stream = await host.new_stream(peer_id(addr), [TProtocol(OFFER_PROTOCOL)])  # type: ignore[attr-defined]
+    try:
+        await write_frame(stream, raw)
+        answer = unpack_strict(await read_frame(stream, max_len=1 << 20, timeout=60), max_size=1 << 20)
+        return str(answer.get("reason") or answer.get("type"))
+    finally:
+        with trio.move_on_after(1):
+            await stream.close()
+
+
+async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], senders: int) -> None:
+    """`senders` offers in flight at all times on one connection, from `keys` in turn; a refused offer is followed
+    by the next at once (what the node's budgets must absorb)."""
+    import itertools
+
+    from mesh.offers import TaskOffer
+    from tests.hardening_support import attacker_ip, dial_from, stock_host
+
+    turn = itertools.cycle(keys)
+
+    async def sender(host: object) -> None:
+        while True:
+            key = next(turn)
+            raw = TaskOffer.create(key, language="python", code=FLOOD_CODE).sign(key)  # type: ignore[arg-type]
+            try:
+                with trio.fail_after(60):
+                    stats[await _offer_stream(host, addr, raw)] += 1
+            except (Exception, trio.TooSlowError):
+                stats["stream failed"] += 1
+                await trio.sleep(0.05)
+
+    async with stock_host(listen=()) as host:
+        await dial_from(host, attacker_ip(0), addr)
+        async with trio.open_nursery() as nursery:
+            for _ in range(senders):
+                nursery.start_soon(sender, host)
+
+
+@attacker
+async def one_key_flood(addr: str, stats: Counter[str]) -> None:
+    """One offerer key, 24 offers in flight, each refusal followed by the next offer at once."""
+    from mesh.identity import NodeIdentity
+
+    await _offer_flood(addr, stats, [NodeIdentity.generate()], senders=24)
+
+
+@attacker
+async def sybil_flood(addr: str, stats: Counter[str]) -> None:
+    """300 fresh offerer keys in turn, 48 offers in flight on one connection, each refusal followed by the next."""
+    from mesh.identity import NodeIdentity
+
+    await _offer_flood(addr, stats, [NodeIdentity.generate() for _ in range(300)], senders=48)
+
+
+@attacker
+async def msgpack_bombs(addr: str, stats: Counter[str]) -> None:
+    """A 5 KB msgpack bomb as an offer, about three a second, each on a stream of its own."""
+    from tests.hardening_support import attacker_ip, dial_from, stock_host
+
+    async with stock_host(listen=()) as host:
+        await dial_from(host, attacker_ip(0), addr)
+        while True:
+            try:
+                with trio.fail_after(10):
+                    stats[await _offer_stream(host, addr, MSGPACK_BOMB)] += 1
+            except (Exception, trio.TooSlowError):
+                stats["stream failed"] += 1
+            await trio.sleep(1 / 3)
+
+
+@attack("msgpack bomb", "a 5 KB msgpack bomb offered directly, ~3 a second")
+@asynccontextmanager
+async def bombs(target: Target) -> AsyncIterator[dict[str, str]]:
+    async with attacker_process("msgpack_bombs", target) as notes:
+        yield notes
+
+
+@attack("one-key flood", "one fresh offerer key keeps 24 offers in flight (0.2 s jobs), a refused one re-sent at once")
+@asynccontextmanager
+async def one_key(target: Target) -> AsyncIterator[dict[str, str]]:
+    async with attacker_process("one_key_flood", target, warmup=3.0) as notes:
+        yield notes
+
+
+@attack("Sybil flood", "300 fresh offerer keys keep 48 offers in flight (0.2 s jobs), a refused one re-sent at once")
+@asynccontextmanager
+async def sybils(target: Target) -> AsyncIterator[dict[str, str]]:
+    async with attacker_process("sybil_flood", target, warmup=3.0) as notes:
+        yield notes
+
+
 # -- running it ---------------------------------------------------------------------------------------------------
 
 
@@ -521,10 +630,17 @@ class Row:
 
 async def run_attacks(names: list[str], offers: int) -> list[Row]:
     loopback = ["/ip4/127.0.0.1/tcp/0"]
+    honest = NodeIdentity.generate()
     runner_config = NodeConfig(
-        identity=NodeIdentity.generate(), listen=loopback, sandbox_mode="docker", executor_policy=sandbox_policy()
+        identity=NodeIdentity.generate(),
+        listen=loopback,
+        sandbox_mode="docker",
+        executor_policy=sandbox_policy(),
+        # The honest offerer is one the runner knows, as a node's regular offerer is after ten minutes of use
+        # (mesh/standing.py); the operator's list makes it so at once. Attackers' keys are fresh.
+        intake_policy=IntakePolicy(trusted_offerers=frozenset({honest.public_key})),
     )
-    offerer_config = NodeConfig(identity=NodeIdentity.generate(), listen=loopback, sandbox_mode="none")
+    offerer_config = NodeConfig(identity=honest, listen=loopback, sandbox_mode="none")
     rows = []
     async with MeshNode.open(runner_config) as runner, MeshNode.open(offerer_config) as offerer:
         target = Target(runner)

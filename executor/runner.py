@@ -172,9 +172,12 @@ class Executor:
         sandbox: str = "docker",
         origin: str = "remote",
         min_isolation: str | None = None,
+        spare_warm: int = 0,
     ) -> ExecResult:
         """Run `request`. `min_isolation` is the weakest tier the run accepts (an offer's `minIsolation`; None: any
-        the policy offers); the run goes to the weakest offered tier that meets it."""
+        the policy offers); the run goes to the weakest offered tier that meets it. `spare_warm` is how many warm
+        containers this run must leave in that tier's pool: when it would take one of the last ones, it starts cold
+        instead (the node keeps them for offerers it knows, see mesh/standing.py)."""
         if sandbox == "host" and origin != "local":
             return refusal(SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=SANDBOX_REQUIRED)
         if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
@@ -211,7 +214,7 @@ class Executor:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
-        return await self._admitted(prepared, limits, tier=tier)
+        return await self._admitted(prepared, limits, tier=tier, spare_warm=spare_warm)
 
     def _tier_for(self, minimum: str | None) -> Tier | ExecResult:
         """The weakest offered tier that meets `minimum` and whose canary has not failed, or the refusal."""
@@ -238,7 +241,9 @@ class Executor:
             )
         return tier
 
-    async def _admitted(self, request: PreparedRequest, limits: Limits, *, tier: Tier | None) -> ExecResult:
+    async def _admitted(
+        self, request: PreparedRequest, limits: Limits, *, tier: Tier | None, spare_warm: int = 0
+    ) -> ExecResult:
         started_at = trio.current_time()
         self._waiting += 1
         try:
@@ -254,7 +259,9 @@ class Executor:
                     run_scope.cancel()
                 if tier is None:
                     return await run_on_host(request, limits, self.policy)
-                return await self.sandboxes[tier].run(request, limits, source=self.pools[tier])
+                pool = self.pools[tier]
+                source = pool if pool.ready > spare_warm else None
+                return await self.sandboxes[tier].run(request, limits, source=source)
             # Only abort_all() cancels this scope; the sandbox has killed and removed the container.
             return _aborted(int((trio.current_time() - started_at) * 1000))
         finally:

@@ -332,7 +332,7 @@ def _metavar(setting: Setting) -> str:
         return "X"
     if isinstance(kind, PathKind):
         return "PATH"
-    if setting.key in ("intake.allow_offerers", "intake.deny_offerers"):
+    if setting.key in ("intake.allow_offerers", "intake.deny_offerers", "intake.trusted_offerers"):
         return "PEERID"
     if setting.key == "intake.languages":
         return "LANGUAGE"

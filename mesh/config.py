@@ -490,9 +490,9 @@ SETTINGS: tuple[Setting, ...] = (
         "intake.queue_per_offerer",
         IntRange(1, 100_000),
         None,
-        "Places one offerer may hold in the queue; default a quarter of queue_size.",
+        "Offers one offerer may have unfinished here (queued or running); default twice executor.concurrency.",
         "--queue-per-offerer",
-        unset="a quarter of queue_size",
+        unset="twice executor.concurrency",
     ),
     Setting(
         "intake.rate_per_offerer",
@@ -523,6 +523,27 @@ SETTINGS: tuple[Setting, ...] = (
         "Take work only from these PeerIDs; default anyone.",
         "--allow-offerer",
         unset="anyone not denied",
+    ),
+    Setting(
+        "intake.trusted_offerers",
+        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", _peer_id)),
+        (),
+        "Offerers served as established from their first offer, beside those this node has served before.",
+        "--trusted-offerer",
+    ),
+    Setting(
+        "intake.fresh_share",
+        FloatRange(0.01, 1.0, "of the queue and workers"),
+        0.5,
+        "The part of the queue and of the workers that offerers this node has never served may take, together.",
+        "--fresh-share",
+    ),
+    Setting(
+        "intake.established_after_s",
+        FloatRange(0, 30 * 24 * 3600, "s"),
+        600.0,
+        "An offerer this node has served over this long is established: it keeps its share when new keys flood.",
+        "--established-after",
     ),
     Setting(
         "intake.deny_offerers",
@@ -774,6 +795,9 @@ def node_settings(resolved: Resolved) -> NodeSettings:
         burst_per_offerer=v["intake.burst_per_offerer"],
         queue_size=v["intake.queue_size"],
         queue_per_offerer=v["intake.queue_per_offerer"],
+        trusted_offerers=frozenset(public_key_of_peer_id(p) for p in v["intake.trusted_offerers"]),
+        fresh_share=v["intake.fresh_share"],
+        established_after_s=v["intake.established_after_s"],
     )
     return NodeSettings(
         key=v["node.key"],

@@ -9,9 +9,14 @@ replay memory, and last the offerer's rate. Only an offer that passes all of the
 a refused offer may be sent again. Every rejection is a `Rejection` with a reason code, counted by transport and
 reason.
 
-Admitted jobs wait in a fair queue (`mesh.fairqueue`), one lane per offerer: an offerer's flood lengthens its own
-lane only. The queue is bounded in total and per offerer; when either is full the offer is refused with `busy`,
-never dropped silently. `deliver` never awaits before its verdict, so two copies of one offer cannot both pass.
+Admitted jobs wait in a fair queue (`mesh.fairqueue.ClassQueue`), one lane per offerer, in two classes: offerers
+this node knows (`mesh.standing`: trusted by the operator, or served here before) and fresh ones. Fresh offerers
+together hold at most `fresh_share` of the queue's places and of the workers, so a swarm of new keys cannot take
+what established offerers are kept. An offerer's budget follows the workers: it may have at most
+`queue_per_offerer` offers unfinished (queued or running; default twice the workers), so it gets more in only as
+the workers finish its work, and one with a run going yields its turn to offerers with none. When any bound is
+reached the offer is refused with `busy`, never dropped silently. `deliver` never awaits before its verdict, so two
+copies of one offer cannot both pass.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ import trio
 
 from executor.contract import LANGUAGES
 from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
-from mesh.fairqueue import FairQueue
+from mesh.fairqueue import ClassQueue
 from mesh.limits import RateLimiter
 from mesh.metrics import NodeMetrics
 from mesh.offers import ClockPolicy, ReceivedOffer, TaskOffer, check_clock, meets, now_ms, parse_offer
 from mesh.reasons import Reason, Rejected, Rejection
 from mesh.replay import ReplayMemory
+from mesh.standing import Standing
 from transports.base import Admitted, Delivery, Verdict
 
 
@@ -44,20 +50,44 @@ class IntakePolicy:
     # None admits every offerer; otherwise only these public keys. The deny list always applies.
     allow_offerers: frozenset[bytes] | None = None
     deny_offerers: frozenset[bytes] = frozenset()
+    # A ceiling on the ids one offerer spends (it sizes its share of the replay memory); what it gets served is
+    # bounded by `queue_per_offerer` and the workers, below.
     rate_per_offerer: float = 5.0  # offers a second, sustained
     burst_per_offerer: float = 20.0
     queue_size: int = 32
-    # Places in the queue one offerer may hold; None is a quarter of the queue.
+    # Offers one offerer may have unfinished (queued or running); None is twice the workers.
     queue_per_offerer: int | None = None
     replay_capacity: int = 100_000
+    # Established without having been served here (see mesh.standing); allow_offerers' keys are too.
+    trusted_offerers: frozenset[bytes] = frozenset()
+    # The part of the queue's places and of the workers that fresh offerers may take, together (at least one each).
+    fresh_share: float = 0.5
+    # A fresh offerer becomes established once this node has served it over this long (see mesh.standing), and
+    # node-wide at most `promotions_per_hour` of them are (a burst of 16).
+    established_after_s: float = 600.0
+    promotions_per_hour: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.queue_size < 1 or not 1 <= self.lane_size <= self.queue_size:
+        if self.queue_size < 1 or not 1 <= self.per_offerer(1) <= self.queue_size:
             raise ValueError("the queue needs queue_size >= 1 and 1 <= queue_per_offerer <= queue_size")
+        if not 0 < self.fresh_share <= 1 or self.promotions_per_hour <= 0 or self.established_after_s < 0:
+            raise ValueError("fresh_share must be in (0, 1], promotions_per_hour positive, established_after_s >= 0")
+
+    def per_offerer(self, workers: int) -> int:
+        """Offers one offerer may have unfinished, on a node with `workers` workers."""
+        if self.queue_per_offerer is not None:
+            return self.queue_per_offerer
+        return min(self.queue_size, max(2, 2 * workers))
+
+    def fresh_places(self) -> int:
+        return max(1, int(self.queue_size * self.fresh_share))
+
+    def fresh_workers(self, workers: int) -> int:
+        return max(1, int(workers * self.fresh_share))
 
     @property
-    def lane_size(self) -> int:
-        return self.queue_per_offerer if self.queue_per_offerer is not None else max(1, self.queue_size // 4)
+    def established_offerers(self) -> frozenset[bytes]:
+        return self.trusted_offerers | (self.allow_offerers or frozenset())
 
     @property
     def replay_per_offerer(self) -> int:
@@ -74,13 +104,19 @@ class Job:
     received: ReceivedOffer
     delivery: Delivery
     admitted_at: float
+    # The offerer's class when it was admitted (see mesh.standing): which share of the queue and workers it uses.
+    established: bool = False
     origin: Literal["remote"] = "remote"
+
+    @property
+    def offerer(self) -> bytes:
+        return self.received.offer.offerer
 
 
 class JobQueue:
     """The fair queue as the workers see it: `async for job in queue`, ending once closed and drained."""
 
-    def __init__(self, fair: FairQueue[Job]) -> None:
+    def __init__(self, fair: ClassQueue[Job]) -> None:
         self._fair = fair
         self._waiters = trio.lowlevel.ParkingLot()
         self.closed = False
@@ -88,18 +124,27 @@ class JobQueue:
     def __len__(self) -> int:
         return len(self._fair)
 
-    def has_room(self, lane: bytes) -> bool:
-        return self._fair.has_room(lane)
+    @property
+    def classes(self) -> ClassQueue[Job]:
+        return self._fair
 
-    def put(self, lane: bytes, job: Job) -> None:
-        self._fair.put(lane, job)
+    def has_room(self, job: Job) -> bool:
+        return self._fair.has_room(job.offerer, job.established)
+
+    def put(self, job: Job) -> None:
+        self._fair.put(job.offerer, job, job.established)
         self._waiters.unpark()
 
+    def done(self, job: Job) -> None:
+        """A job taken from the queue is finished: its offerer's lane, and its class's workers, have room again."""
+        self._fair.done(job.offerer, job.established)
+        self._waiters.unpark()  # a fresh job may have been waiting for the fresh share of the workers
+
     def receive_nowait(self) -> Job:
-        job = self._fair.pop()
-        if job is not None:
-            return job
-        if self.closed:
+        found = self._fair.pop()
+        if found is not None:
+            return found[1]
+        if self.closed and not len(self._fair):
             raise trio.EndOfChannel
         raise trio.WouldBlock
 
@@ -153,6 +198,8 @@ class Intake:
         replay_journal: Path | None = None,
         peer_id: str | None = None,
         tiers: Callable[[], Collection[str]] = lambda: ("runc",),
+        standing_journal: Path | None = None,
+        workers: int = 1,
     ) -> None:
         self.policy = policy
         self._participating = participating
@@ -170,7 +217,22 @@ class Intake:
         )
         self._rates = RateLimiter(policy.rate_per_offerer, policy.burst_per_offerer)
         self._verified = _VerifiedDigests()
-        self.jobs = JobQueue(FairQueue(policy.queue_size, policy.lane_size))
+        self.standing = Standing(
+            trusted=policy.established_offerers,
+            tenure_s=policy.established_after_s,
+            promotions_per_hour=policy.promotions_per_hour,
+            monotonic=monotonic,
+            journal=standing_journal,
+        )
+        self.jobs = JobQueue(
+            ClassQueue(
+                policy.queue_size,
+                policy.per_offerer(workers),
+                fresh_capacity=policy.fresh_places(),
+                fresh_workers=policy.fresh_workers(workers),
+                running_share=max(1, workers // 2),
+            )
+        )
         # Admitted and not yet finished (queued or running), so that an abort from the offerer can find its job.
         # Bounded by the queue and the workers: `finished()` removes each job when its worker is done with it.
         self._pending: dict[tuple[bytes, bytes], Job] = {}
@@ -219,11 +281,24 @@ class Intake:
         return True
 
     def finished(self, job: Job) -> None:
-        self._pending.pop((job.received.offer.offerer, job.received.offer.offer_id), None)
+        """A worker is done with a job it took from the queue (once per job)."""
+        self._pending.pop((job.offerer, job.received.offer.offer_id), None)
+        self.jobs.done(job)
+
+    def served(self, job: Job) -> None:
+        """The job's code ran here and its result was handed back: its offerer has history with this node now."""
+        self.standing.served(job.offerer)
+
+    def spare_warm(self, job: Job) -> int:
+        """Warm containers a job taken from the queue must leave in the pool: the last one is kept for an
+        established offerer with no other run going, the one whose latency the classes are there to protect."""
+        queue = self.jobs.classes
+        return 0 if job.established and queue.established.running(job.offerer) <= 1 else 1
 
     def close(self) -> None:
         self.jobs.close()
         self._replays.close()
+        self.standing.close()
 
     # -- the checks, in order ----------------------------------------------------------------------------------
 
@@ -271,16 +346,16 @@ class Intake:
                     Reason.ISOLATION_INSUFFICIENT,
                     f"the offer needs {offer.min_isolation} or stronger; this node runs {runs}",
                 )
-        if not self.jobs.has_room(offer.offerer):
-            raise Rejected(Reason.BUSY, "the intake queue has no room for this offerer")
+        job = Job(received, delivery, self._monotonic(), established=self.standing.established(offer.offerer))
+        if not self.jobs.has_room(job):
+            raise Rejected(Reason.BUSY, self._no_room(job))
         if not self._replays.has_room(offer.offerer):
             raise Rejected(Reason.BUSY, "the replay memory is full: refusing rather than forgetting an unexpired id")
         # Rate limited by offerer: the identity the signature proves, whichever peer forwarded the bytes. Last, so
         # that a refusal above costs the offerer none of its budget.
         if not self._rates.allow(offer.offerer, self._monotonic()):
             raise Rejected(Reason.RATE_LIMITED, "this offerer is over its rate")
-        job = Job(received, delivery, self._monotonic())
-        self.jobs.put(offer.offerer, job)
+        self.jobs.put(job)
         self._pending[(offer.offerer, offer.offer_id)] = job
         self._replays.spend(offer.offerer, offer.offer_id, offer.expires_at_ms + self.policy.clock.max_skew_ms + 1)
         return received
@@ -306,6 +381,18 @@ class Intake:
             )
         if audience.invited and self.peer_id not in audience.invited:
             raise Rejected(Reason.NOT_INVITED, f"the offer invites {len(audience.invited)} other node(s) to claim it")
+
+    def _no_room(self, job: Job) -> str:
+        """Why a busy refusal: the offerer's own budget, its class's share, or the whole queue."""
+        queue = self.jobs.classes
+        lane = queue.established if job.established else queue.fresh
+        if queue.held(job.offerer) >= queue.established.per_lane or lane.held(job.offerer) >= lane.per_lane:
+            return (
+                f"this offerer has {queue.held(job.offerer)} offers unfinished here, its most; send more as they finish"
+            )
+        if len(queue) < queue.capacity:
+            return "new offerers' share of the queue is full; offerers this node has served keep theirs"
+        return "the intake queue is full"
 
     def _refuse(self, transport: str, rejection: Rejection) -> Rejection:
         self.rejected[(transport, str(rejection.reason))] += 1

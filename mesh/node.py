@@ -184,6 +184,8 @@ class MeshNode:
             replay_journal=None if state is None else state.replay_journal,
             peer_id=config.identity.peer_id,
             tiers=self.isolation_tiers,
+            standing_journal=None if state is None else state.standing_journal,
+            workers=config.executor_policy.max_concurrent if executor is not None else 0,
         )
         self.metrics.participating.set_function(lambda: float(self.gate.participating))
         self.metrics.queue_depth.set_function(lambda: float(self.intake.queue_depth))
@@ -464,6 +466,8 @@ class MeshNode:
             waited_ms=round((time.monotonic() - job.admitted_at) * 1000) - result.duration_ms,
         )
         await answer(result)
+        if result.exit_code is not None:
+            self.intake.served(job)  # its code ran here and was answered: the offerer is known to this node now
 
     async def _claim(self, job: Job) -> bool:
         try:
@@ -487,8 +491,13 @@ class MeshNode:
         assert self.executor is not None
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
+        # A fresh offerer's run leaves the last warm container to offerers this node knows (mesh/standing.py).
         result: ExecResult = await self.executor.run_code(
-            request, sandbox=offer.sandbox, origin=job.origin, min_isolation=offer.min_isolation
+            request,
+            sandbox=offer.sandbox,
+            origin=job.origin,
+            min_isolation=offer.min_isolation,
+            spare_warm=self.intake.spare_warm(job),
         )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)

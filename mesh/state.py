@@ -2,6 +2,7 @@
 
     <state root>/<PeerID>/node.lock      flock held for the node's lifetime; holds the owner's pid
     <state root>/<PeerID>/replay         the replay memory's journal (see `mesh.replay`)
+    <state root>/<PeerID>/offerers       the offerers this node has served (see `mesh.standing`)
 
 The lock is what keeps a second node with the same key from starting: it would share the first one's PeerID (peers
 could not tell them apart) and its container label (its start-up sweep would delete the first node's containers).
@@ -37,6 +38,10 @@ class StateDir:
     @property
     def replay_journal(self) -> Path:
         return self.path / "replay"
+
+    @property
+    def standing_journal(self) -> Path:
+        return self.path / "offerers"
 
     @classmethod
     @contextlib.contextmanager

@@ -162,6 +162,10 @@ def node_status(node: MeshNode) -> dict[str, Any]:
         "poolReady": stats.pool_ready if stats else 0,
         "queueDepth": node.intake.queue_depth,
         "queueSize": node.intake.policy.queue_size,
+        # The two classes of mesh/standing.py: what fresh offerers hold of their share, and who is established.
+        "queueFresh": len(node.intake.jobs.classes.fresh),
+        "freshPlaces": node.intake.policy.fresh_places(),
+        "establishedOfferers": len(node.intake.standing),
         "peers": peers,
         # Runners one hop away, as the neighbours report them: whom this node could invite to claim its offers.
         "runnersNear": [{**n.to_wire(), "via": n.via} for n in node.peers.near(exclude=(node.peer_id,))],

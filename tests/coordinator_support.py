@@ -100,6 +100,14 @@ class CoordinatorProcess:
         self.stop()  # a clean SIGTERM shutdown, so every test also exercises it; SIGKILL if that hangs
 
 
+def read_task(url: str, task_id: str, offerer: NodeIdentity, **forge: Any) -> httpx.Response:
+    """`GET /tasks/{id}`, signed by the task's offerer: the only key the coordinator tells a task's state to."""
+    path = f"/tasks/{task_id}"
+    headers = signing.sign_request(offerer, "GET", path, b"")
+    headers.update(forge.get("headers", {}))
+    return httpx.get(f"{url}{path}", headers=headers, timeout=10)
+
+
 class AgentClient:
     """A synchronous agent: signs each request with its identity. Keyword overrides forge the parts under test."""
 

@@ -277,7 +277,7 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
     from executor.contract import Limits
     from mesh.identity import NodeIdentity
     from mesh.offers import TaskOffer, open_result
-    from tests.coordinator_support import CoordinatorProcess
+    from tests.coordinator_support import CoordinatorProcess, read_task
 
     coordinator = CoordinatorProcess(tmp_path / "tasks.sqlite")
     url = coordinator.start()
@@ -292,7 +292,7 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
         task_id = created.json()["taskId"]
         deadline = time.monotonic() + 60
         while True:
-            status = httpx.get(f"{url}/tasks/{task_id}", timeout=10).json()
+            status = read_task(url, task_id, submitter).json()
             if status["state"] not in ("queued", "claimed") or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -13,12 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from executor.contract import ExecResult
 from mesh.coordinator import signing
 from mesh.identity import NodeIdentity
 from mesh.offers import TaskOffer, TaskResult
-from tests.coordinator_support import AgentClient, CoordinatorProcess
+from tests.coordinator_support import AgentClient, CoordinatorProcess, read_task
 
 
 def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -26,8 +27,12 @@ def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         return conn.execute(sql, args).fetchall()
 
 
+# The offerer of the tasks these tests enqueue (unless one says otherwise): the one key that may read them back.
+OFFERER = NodeIdentity.generate()
+
+
 def signed_offer(offerer: NodeIdentity | None = None, **kw: Any) -> bytes:
-    offerer = offerer or NodeIdentity.generate()
+    offerer = offerer or OFFERER
     return TaskOffer.create(offerer, language="python", code="print(6 * 7)", **kw).sign(offerer)
 
 
@@ -67,7 +72,9 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
 @pytest.fixture(scope="module")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
     db = tmp_path_factory.mktemp("coordinator") / "state.db"
-    with CoordinatorProcess(db, "--rate", "1000", "--burst", "1000") as proc:
+    # The budgets for keys nobody knows get tests of their own; here every test brings fresh agents and offerers.
+    budgets = ("--new-agent-rate", "1000", "--fresh-offer-rate", "1000")
+    with CoordinatorProcess(db, "--rate", "1000", "--burst", "1000", *budgets) as proc:
         yield proc
 
 
@@ -186,7 +193,7 @@ def test_enqueue_verifies_the_offer(coordinator: CoordinatorProcess) -> None:
     refusal(httpx.post(f"{coordinator.url}/tasks", content=asks_host), 422, "sandbox_required_for_remote_task")
     task_id = enqueue(coordinator, raw)
     refusal(httpx.post(f"{coordinator.url}/tasks", content=raw), 409, "duplicate_task")
-    status = httpx.get(f"{coordinator.url}/tasks/{task_id}").json()
+    status = read_task(coordinator.url, task_id, offerer).json()
     assert status["state"] == "queued"
 
 
@@ -198,7 +205,7 @@ def test_full_cycle_pull_then_post_result(coordinator: CoordinatorProcess, agent
     result = signed_result(offer_raw, agent.identity)
     answer = agent.post(f"/tasks/{task_id}/result", result)
     assert answer.status_code == 200, answer.text
-    status = httpx.get(f"{coordinator.url}/tasks/{task_id}").json()
+    status = read_task(coordinator.url, task_id, OFFERER).json()
     assert status["state"] == "done"
     assert base64.b64decode(status["result"]) == result
     # A second post finds nothing left to complete.
@@ -298,7 +305,7 @@ def test_a_release_that_blames_a_really_bad_offer_fails_the_task(tmp_path: Path)
 
 
 def test_tables_are_capped_and_the_refusal_says_when_to_retry(tmp_path: Path) -> None:
-    options = ("--max-queued-per-offerer", "2", "--max-queued", "3", "--max-agents", "2")
+    options = ("--max-queued-per-offerer", "2", "--max-queued", "3", "--max-agents", "2", "--fresh-share", "1")
     with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
         offerer = NodeIdentity.generate()
         for _ in range(2):
@@ -389,3 +396,130 @@ def test_a_state_file_of_the_previous_schema_is_migrated(tmp_path: Path) -> None
     store = Store(path)
     assert store._db.execute("SELECT ready_at FROM tasks").fetchone() == (77,)
     store.close()
+
+
+# -- fresh keys: signed reads, shares, turns, budgets (issue 11) ----------------------------------------------------
+
+
+def test_a_task_is_read_only_by_its_offerer(coordinator: CoordinatorProcess) -> None:
+    offerer = NodeIdentity.generate()
+    task_id = enqueue(coordinator, signed_offer(offerer))
+    assert read_task(coordinator.url, task_id, offerer).json()["state"] == "queued"
+    refusal(read_task(coordinator.url, task_id, NodeIdentity.generate()), 404, "unknown_task")  # as if there were none
+    refusal(httpx.get(f"{coordinator.url}/tasks/{task_id}"), 401, "unsigned")
+    forged = read_task(
+        coordinator.url, task_id, NodeIdentity.generate(), headers={"x-edgecoder-agent": offerer.public_key.hex()}
+    )
+    refusal(forged, 401, "bad_signature")
+
+
+def test_fresh_offerers_hold_their_share_and_trusted_ones_still_get_in(tmp_path: Path) -> None:
+    trusted = NodeIdentity.generate()
+    options = ("--max-queued", "4", "--fresh-share", "0.5", "--trusted-offerer", trusted.peer_id)
+    with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
+        for _ in range(2):
+            enqueue(coordinator, signed_offer(NodeIdentity.generate()))
+        response = httpx.post(f"{coordinator.url}/tasks", content=signed_offer(NodeIdentity.generate()))
+        refusal(response, 503, "busy")
+        assert "not served" in response.json()["detail"] and response.headers["retry-after"] == "5"
+        enqueue(coordinator, signed_offer(trusted))
+        enqueue(coordinator, signed_offer(trusted))
+
+
+def test_pull_serves_established_offerers_first_then_offerers_in_turn(tmp_path: Path) -> None:
+    trusted = NodeIdentity.generate()
+    flooder, other = NodeIdentity.generate(), NodeIdentity.generate()
+    options = ("--trusted-offerer", trusted.peer_id, "--rate", "1000", "--burst", "1000")
+    with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
+        order = {enqueue(coordinator, signed_offer(flooder)): "flooder" for _ in range(3)}
+        order[enqueue(coordinator, signed_offer(other))] = "other"
+        order[enqueue(coordinator, signed_offer(trusted))] = "trusted"  # enqueued last, claimed first
+        agent = AgentClient(coordinator.url)
+        assert agent.register().status_code == 200
+        pulled = [order[agent.pull().json()["task"]["taskId"]] for _ in range(5)]
+        assert pulled == ["trusted", "flooder", "other", "flooder", "flooder"]
+        assert agent.pull().json()["task"] is None
+        agent.close()
+
+
+def test_an_offerer_served_over_its_tenure_is_established(tmp_path: Path) -> None:
+    options = ("--established-after", "0", "--max-queued", "2", "--fresh-share", "0.5", "--rate", "1000")
+    with CoordinatorProcess(tmp_path / "state.db", *options, "--burst", "1000") as coordinator:
+        regular = NodeIdentity.generate()
+        agent = AgentClient(coordinator.url)
+        assert agent.register().status_code == 200
+        raw = signed_offer(regular)
+        task_id = enqueue(coordinator, raw)
+        assert agent.pull().json()["task"]["taskId"] == task_id
+        assert agent.post(f"/tasks/{task_id}/result", signed_result(raw, agent.identity)).status_code == 200
+        # Done: its offer is dropped (the digest and the result stay), and its offerer is established.
+        assert rows(coordinator.db, "SELECT length(offer), length(result) > 0 FROM tasks") == [(0, 1)]
+        enqueue(coordinator, signed_offer(NodeIdentity.generate()))  # the one fresh place
+        refusal(httpx.post(f"{coordinator.url}/tasks", content=signed_offer(NodeIdentity.generate())), 503, "busy")
+        enqueue(coordinator, signed_offer(regular))  # established: not in the fresh share
+        agent.close()
+
+
+def test_new_agents_and_fresh_offers_draw_on_budgets_for_all(tmp_path: Path) -> None:
+    options = ("--new-agent-rate", "0.1", "--fresh-offer-rate", "0.2")
+    with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
+        first, second = AgentClient(coordinator.url), AgentClient(coordinator.url)
+        assert first.register().status_code == 200  # the burst: one
+        busy = second.register()
+        refusal(busy, 503, "busy")
+        assert busy.headers["retry-after"] == "10"
+        assert first.register().status_code == 200  # a known agent is not new
+        enqueue(coordinator, signed_offer(NodeIdentity.generate()))
+        refused = httpx.post(f"{coordinator.url}/tasks", content=signed_offer(NodeIdentity.generate()))
+        refusal(refused, 503, "busy")
+        assert refused.headers["retry-after"] == "1"
+        first.close()
+        second.close()
+
+
+def test_queued_offers_are_capped_in_bytes(tmp_path: Path) -> None:
+    with CoordinatorProcess(tmp_path / "state.db", "--max-queued-mib", "1", "--rate", "1000", "--burst", "1000") as c:
+        big = [signed_offer(input="x" * (250 * 1024)) for _ in range(5)]
+        for raw in big[:4]:
+            enqueue(c, raw)
+        response = httpx.post(f"{c.url}/tasks", content=big[4])
+        refusal(response, 503, "busy")
+        assert "bytes" in response.json()["detail"]
+        enqueue(c, signed_offer())  # a small one still fits
+
+
+async def _hold_upload(url: str, path: str, length: int) -> trio.SocketStream:
+    """A request that declares `length` bytes of body and sends only its headers: it holds that much of the
+    coordinator's body budget until the socket closes."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    head = f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: {length}\r\n\r\n"
+    await stream.send_all(head.encode() + b"\x00")
+    return stream
+
+
+async def _busy_when_held(url: str) -> bool:
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"{url}/tasks", content=signed_offer())
+    return answer.status_code == 503 and answer.json()["reason"] == "busy"
+
+
+def test_request_bodies_in_memory_are_bounded_and_come_back(tmp_path: Path) -> None:
+    with CoordinatorProcess(tmp_path / "state.db", "--max-body-mib", "1") as coordinator:
+
+        async def main() -> None:
+            held = [await _hold_upload(coordinator.url, "/tasks", 256 * 1024) for _ in range(4)]
+            with trio.fail_after(10):
+                while not await _busy_when_held(coordinator.url):
+                    await trio.sleep(0.05)
+            answer = httpx.post(f"{coordinator.url}/tasks", content=signed_offer())
+            assert answer.headers["retry-after"] == "1" and "bodies" in answer.json()["detail"]
+            for stream in held:
+                await stream.aclose()
+            with trio.fail_after(10):
+                while await _busy_when_held(coordinator.url):
+                    await trio.sleep(0.05)
+
+        trio.run(main)
+        enqueue(coordinator, signed_offer())
+    assert "internal_error" not in coordinator.log_path.read_text()

@@ -11,12 +11,13 @@ import httpx
 
 from mesh.identity import NodeIdentity
 from mesh.offers import TaskOffer
-from tests.coordinator_support import AgentClient, CoordinatorProcess
+from tests.coordinator_support import AgentClient, CoordinatorProcess, read_task
+
+OFFERER = NodeIdentity.generate()  # the key that may read these tests' tasks back
 
 
 def offer() -> bytes:
-    offerer = NodeIdentity.generate()
-    return TaskOffer.create(offerer, language="python", code="print(1)").sign(offerer)
+    return TaskOffer.create(OFFERER, language="python", code="print(1)").sign(OFFERER)
 
 
 def enqueue(url: str, raw: bytes) -> str:
@@ -83,7 +84,7 @@ def test_queued_and_claimed_tasks_survive_a_crash(tmp_path: Path) -> None:
         first.kill()  # SIGKILL: no clean shutdown to lean on
     with CoordinatorProcess(db) as second:
         client = AgentClient(second.url, agent)
-        status = [httpx.get(f"{second.url}/tasks/{i}").json()["state"] for i in ids]
+        status = [read_task(second.url, i, OFFERER).json()["state"] for i in ids]
         assert status == ["claimed", "queued", "queued"]
         pulled = client.pull().json()["task"]  # still registered: its record survived too
         assert pulled["taskId"] == ids[1]
@@ -118,7 +119,7 @@ def test_task_fails_after_its_last_allowed_lapse(tmp_path: Path) -> None:
         assert agent.pull().json()["task"]["taskId"] == task_id
         # Nobody pulls now: the reaper alone must notice the silence.
         deadline = time.monotonic() + 10
-        while (status := httpx.get(f"{coordinator.url}/tasks/{task_id}").json())["state"] == "claimed":
+        while (status := read_task(coordinator.url, task_id, OFFERER).json())["state"] == "claimed":
             assert time.monotonic() < deadline, "the reaper never took the claim back"
             time.sleep(0.05)
         assert (status["state"], status["reason"]) == ("failed", "lease_expired")

@@ -18,7 +18,7 @@ from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
 from mesh.offers import TaskOffer, TaskResult, parse_offer
 from mesh.reasons import Reason, Rejection
-from tests.coordinator_support import CoordinatorProcess
+from tests.coordinator_support import CoordinatorProcess, read_task
 from transports.base import Admitted, Delivery, Verdict
 from transports.coordinator import CoordinatorPullTransport
 
@@ -56,9 +56,11 @@ def one(db: Path, sql: str, *args: Any) -> Any:
     return None if row is None else row[0] if len(row) == 1 else row
 
 
+OFFERER = NodeIdentity.generate()  # the key that may read these tests' tasks back
+
+
 def enqueue(coordinator: CoordinatorProcess) -> tuple[str, bytes]:
-    offerer = NodeIdentity.generate()
-    raw = TaskOffer.create(offerer, language="python", code="print(6 * 7)").sign(offerer)
+    raw = TaskOffer.create(OFFERER, language="python", code="print(6 * 7)").sign(OFFERER)
     response = httpx.post(f"{coordinator.url}/tasks", content=raw)
     assert response.status_code == 201, response.text
     return str(response.json()["taskId"]), raw
@@ -129,7 +131,7 @@ def test_pulled_task_is_delivered_and_its_result_posted(coordinator: Coordinator
         assert transport.results_posted >= 1
 
     run_with_worker(coordinator, sink, body)
-    status = httpx.get(f"{coordinator.url}/tasks/{task_id}").json()
+    status = read_task(coordinator.url, task_id, OFFERER).json()
     assert status["state"] == "done"
     assert parse_offer(offer_raw).offer.offer_id.hex() == task_id
     assert base64.b64decode(status["result"])
@@ -211,13 +213,14 @@ def test_real_intake_admits_a_pulled_offer(coordinator: CoordinatorProcess) -> N
                 job = await intake.jobs.receive()
                 if job.received.offer.offer_id.hex() == task_id:
                     break
+                intake.finished(job)  # another test's task: a worker done with it takes the next
         assert job.origin == "remote"
         assert job.received.raw == offer_raw
         assert job.delivery.transport == "coordinator"
         await job.delivery.reply(signed_result(job.received.raw, transport.identity))
 
     run_with_worker(coordinator, intake, body)
-    assert httpx.get(f"{coordinator.url}/tasks/{task_id}").json()["state"] == "done"
+    assert read_task(coordinator.url, task_id, OFFERER).json()["state"] == "done"
     assert intake.admitted["coordinator"] >= 1
 
 

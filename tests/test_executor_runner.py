@@ -186,6 +186,33 @@ async def test_pooled_and_cold_runs_give_identical_results(docker_api: docker.AP
 
 
 @pytest.mark.docker
+async def test_a_run_asked_to_spare_the_last_warm_container_starts_cold(
+    docker_api: docker.APIClient, node_label: str
+) -> None:
+    """The node keeps the last warm container for offerers it knows (mesh/standing.py): a fresh one's run goes
+    cold rather than take it."""
+    roles: list[str] = []
+    async with Executor.open(ExecutorPolicy(subset_check=False, pool_size=1), node_label=node_label) as ex:
+        real_start = ex.sandbox.start
+
+        async def recording_start(limits: Limits, *, role: str) -> Any:
+            roles.append(role)
+            return await real_start(limits, role=role)
+
+        ex.sandbox.start = recording_start  # type: ignore[method-assign]
+        await wait_until(lambda: ex.stats().pool_ready == 1)
+        roles.clear()  # the pool's own start
+        spared = await ex.run_code(ExecRequest("python", "print(1)"), spare_warm=1)
+        assert (spared.ok, spared.stdout, roles) == (True, "1\n", ["cold"])
+        assert ex.stats().pool_ready == 1  # still there for the next run that may have it
+        roles.clear()
+        taken = await ex.run_code(ExecRequest("python", "print(2)"))
+        assert (taken.ok, taken.stdout) == (True, "2\n")
+        assert "cold" not in roles  # the pooled one ran it (what may have started since is the refill)
+    assert containers_of(docker_api, node_label) == []
+
+
+@pytest.mark.docker
 async def test_pool_is_refilled_and_emptied_on_close(docker_api: docker.APIClient, node_label: str) -> None:
     async with Executor.open(ExecutorPolicy(pool_size=2), node_label=node_label) as ex:
         await wait_until(lambda: ex.stats().pool_ready == 2)

@@ -188,12 +188,22 @@ def test_not_participating_refuses_with_sandbox_unavailable() -> None:
     assert not intake.participating
 
 
+TRUSTED = frozenset({OFFERER.public_key, OTHER.public_key})
+
+
+def take(intake: Intake) -> Any:
+    """What a worker does with a job: take it from the queue, and tell the intake it is done with it."""
+    job = intake.jobs.receive_nowait()
+    intake.finished(job)
+    return job
+
+
 def test_a_full_queue_refuses_with_busy_and_loses_nothing_admitted() -> None:
-    intake, _ = make_intake(queue_size=3, queue_per_offerer=3, burst_per_offerer=100)
+    intake, _ = make_intake(queue_size=3, queue_per_offerer=3, burst_per_offerer=100, trusted_offerers=TRUSTED)
     verdicts = [deliver(intake, offer()) for _ in range(5)]
     assert [type(v).__name__ for v in verdicts] == ["Admitted"] * 3 + ["Rejection"] * 2
     assert all(reason(v) == Reason.BUSY for v in verdicts[3:])
-    admitted = [intake.jobs.receive_nowait().received.offer.offer_id for _ in range(3)]
+    admitted = [take(intake).received.offer.offer_id for _ in range(3)]
     assert admitted == [v.offer_id for v in verdicts[:3] if isinstance(v, Admitted)]
 
 
@@ -210,7 +220,7 @@ def test_the_queue_serves_offerers_in_turn() -> None:
     for _ in range(5):
         deliver(intake, offer())
     deliver(intake, offer(OTHER))
-    order = [intake.jobs.receive_nowait().received.offer.offerer for _ in range(6)]
+    order = [take(intake).received.offer.offerer for _ in range(6)]
     # The other offerer's one job is served second, not behind the first offerer's backlog.
     assert order[1] == OTHER.public_key and order.count(OFFERER.public_key) == 5
 
@@ -230,10 +240,10 @@ def test_an_offer_refused_busy_rate_limited_or_unavailable_can_be_sent_again() -
     participating[0] = True
     assert isinstance(deliver(intake, unavailable), Admitted)  # the same bytes, sent again
     assert reason(deliver(intake, busy)) == Reason.BUSY  # the queue holds one
-    intake.jobs.receive_nowait()
+    take(intake)
     clock.t += 1.0
     assert isinstance(deliver(intake, busy), Admitted)
-    intake.jobs.receive_nowait()
+    take(intake)
     assert reason(deliver(intake, limited)) == Reason.RATE_LIMITED  # the bucket was emptied by `busy`
     clock.t += 1.0
     assert isinstance(deliver(intake, limited), Admitted)
@@ -261,7 +271,7 @@ def test_a_full_replay_memory_refuses_rather_than_forgetting() -> None:
 
 
 def test_a_flooding_offerer_is_rate_limited_while_another_is_served() -> None:
-    intake, clock = make_intake(rate_per_offerer=2, burst_per_offerer=5, queue_size=1000)
+    intake, clock = make_intake(rate_per_offerer=2, burst_per_offerer=5, queue_size=1000, queue_per_offerer=100)
     flood = [deliver(intake, offer()) for _ in range(50)]
     assert sum(isinstance(v, Admitted) for v in flood) == 5
     assert intake.rejected[("gossip", "rate_limited")] == 45

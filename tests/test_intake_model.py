@@ -1,6 +1,7 @@
 """A stateful model of the intake: under any interleaving of deliveries, gate changes, queue pops and time, each
 offer is admitted at most once, `replayed` is said only of an offer that was admitted, and the queue keeps its
-bounds per offerer. This is the property the burned-id bug broke (a refusal spent the id)."""
+bounds per offerer (unfinished: queued or running) and the fresh offerers' share of places and workers. The first
+property is the one the burned-id bug broke (a refusal spent the id)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mesh.identity import NodeIdentity
-from mesh.intake import Intake, IntakePolicy
+from mesh.intake import Intake, IntakePolicy, Job
 from mesh.offers import TaskOffer
 from mesh.reasons import Reason, Rejection
 from tests.strategies import NOW
@@ -35,9 +36,10 @@ class IntakeModel(RuleBasedStateMachine):
         self.open = True
         self.policy = IntakePolicy(queue_size=4, queue_per_offerer=2, rate_per_offerer=1.0, burst_per_offerer=2)
         self.intake = Intake(
-            self.policy, participating=lambda: self.open, clock_ms=lambda: NOW, monotonic=lambda: self.t
+            self.policy, participating=lambda: self.open, clock_ms=lambda: NOW, monotonic=lambda: self.t, workers=2
         )
         self.admitted: set[int] = set()
+        self.taken: list[Job] = []  # in a worker's hands
 
     @rule(index=st.integers(0, len(OFFERS) - 1))
     def deliver(self, index: int) -> None:
@@ -61,9 +63,18 @@ class IntakeModel(RuleBasedStateMachine):
     @rule()
     def pop(self) -> None:
         try:
-            self.intake.jobs.receive_nowait()
+            self.taken.append(self.intake.jobs.receive_nowait())
         except trio.WouldBlock:
             pass
+
+    @rule(k=st.integers(0, 7), ran=st.booleans())
+    def finish(self, k: int, ran: bool) -> None:
+        if not self.taken:
+            return
+        job = self.taken.pop(k % len(self.taken))
+        self.intake.finished(job)
+        if ran:
+            self.intake.served(job)
 
     @rule(seconds=st.floats(0.1, 3.0))
     def wait(self, seconds: float) -> None:
@@ -72,6 +83,12 @@ class IntakeModel(RuleBasedStateMachine):
     @invariant()
     def bounds(self) -> None:
         assert self.intake.queue_depth <= self.policy.queue_size
+        queue = self.intake.jobs.classes
+        assert len(queue.fresh) <= self.policy.fresh_places()
+        assert queue.fresh.running() == sum(not job.established for job in self.taken) <= self.policy.fresh_workers(2)
+        for identity in IDENTITIES:
+            key = identity.public_key
+            assert queue.established.held(key) + queue.fresh.held(key) <= self.policy.per_offerer(2)
 
 
 TestIntakeModel = IntakeModel.TestCase

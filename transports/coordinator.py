@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +139,8 @@ class CoordinatorPullTransport:
         self.delivered = 0
         self.released = 0
         self.results_posted = 0
+        # Answers that said "later" (429, 5xx), by what was asked: each was retried when the coordinator advised.
+        self.deferred: Counter[str] = Counter()
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -170,8 +173,9 @@ class CoordinatorPullTransport:
             try:
                 answer = await self._call_json("/agents/register", {"sandboxMode": self.sandbox_mode()})
             except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
-                log.warning("coordinator_register_failed", url=self.url, error=str(exc), retry_in=backoff)
-                await trio.sleep(backoff)
+                wait = self._wait_after(exc, backoff, "register")
+                log.warning("coordinator_register_failed", url=self.url, error=str(exc), retry_in=wait)
+                await trio.sleep(wait)
                 backoff = min(backoff * 2, self.max_backoff)
                 continue
             self.registered.set()
@@ -204,8 +208,7 @@ class CoordinatorPullTransport:
             try:
                 task = await self._pull_once()
             except (httpx.HTTPError, CoordinatorRefused, ValueError) as exc:
-                advised = exc.retry_after_s if isinstance(exc, CoordinatorRefused) else None
-                wait = backoff if advised is None else max(backoff, advised)
+                wait = self._wait_after(exc, backoff, "pull")
                 log.warning("coordinator_pull_failed", url=self.url, error=str(exc), retry_in=wait)
                 await trio.sleep(wait)
                 backoff = min(backoff * 2, self.max_backoff)
@@ -275,7 +278,7 @@ class CoordinatorPullTransport:
                         "coordinator_post_refused", what=what, task=task_id, reason=exc.reason, detail=exc.detail
                     )
                     return False
-                wait = backoff if exc.retry_after_s is None else max(backoff, exc.retry_after_s)
+                wait = self._wait_after(exc, backoff, what)
                 log.warning("coordinator_post_deferred", what=what, task=task_id, status=exc.status, retry_in=wait)
                 await trio.sleep(wait)
             except httpx.HTTPError as exc:
@@ -286,6 +289,14 @@ class CoordinatorPullTransport:
             backoff = min(backoff * 2, self.max_backoff)
         log.error("coordinator_post_lost", what=what, task=task_id, attempts=POST_ATTEMPTS)
         return False
+
+    def _wait_after(self, exc: Exception, backoff: float, what: str) -> float:
+        """How long to wait before asking again: our backoff, or longer when the coordinator said when."""
+        if not isinstance(exc, CoordinatorRefused):
+            return backoff
+        if exc.retryable:
+            self.deferred[what] += 1
+        return backoff if exc.retry_after_s is None else max(backoff, exc.retry_after_s)
 
     # -- HTTP ------------------------------------------------------------------------------------------------
 

@@ -3,13 +3,22 @@
 Every agent endpoint goes through `_authenticate`, in this order: body size, signature headers, clock, signature,
 rate limit, nonce. The order is cheapest-first, and nothing keyed by the agent (its bucket, its nonces) is touched
 before its signature has verified. See docs/coordinator.md for the endpoint list.
+
+What fresh keys can make it hold (benchmarks/coordinator_growth.py measures it): request bodies in memory are bounded
+in all (`max_body_bytes_in_flight`, reserved before a byte is read: 150 concurrent 250 KiB offers had peaked at
+130 MB of Python heap); new agents and offers from offerers not yet established draw on node-wide budgets
+(`new_agents_per_s`, `fresh_offers_per_s`) and fresh offerers together hold at most `fresh_share` of the queue; the
+queued offers are capped in bytes, and a finished task keeps its result but not its offer. Past a budget the answer
+is 503 `busy` with `Retry-After`. Reads are signed: `GET /tasks/{id}` answers only the task's own offerer, and
+`/stats` holds counts only.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +26,7 @@ import structlog
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -25,7 +34,7 @@ from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
 from mesh.coordinator import signing
 from mesh.coordinator.errors import CoordinatorReason, Refused
 from mesh.coordinator.release import disposition_of
-from mesh.coordinator.store import SANDBOX_MODES, ClaimedTask, Database, SandboxMode, Store
+from mesh.coordinator.store import SANDBOX_MODES, Caps, ClaimedTask, Database, SandboxMode, Store
 from mesh.identity import NodeIdentity
 from mesh.jsontext import JsonError, parse_json
 from mesh.limits import RateLimiter
@@ -57,10 +66,51 @@ class Settings:
     max_agents: int = 10_000
     # The clock skew allowed when checking offers (enqueue, and the re-check of a release that blames the offer).
     offer_skew_ms: int = 30_000
+    # Fresh keys. An offerer is established once tasks of it were done here over `tenure_ms`, or when listed in
+    # `trusted_offerers` (hex keys); its tasks are pulled first. Offerers not yet established hold at most
+    # `fresh_share` of the unfinished tasks, and enqueue within one budget for all of them; agents not yet known
+    # register within another.
+    tenure_ms: int = 600_000
+    trusted_offerers: frozenset[str] = frozenset()
+    fresh_share: float = 0.5
+    fresh_offers_per_s: float = 20.0
+    fresh_offers_burst: int = 100
+    new_agents_per_s: float = 2.0
+    new_agents_burst: int = 20
+    # Memory and disk: request bodies held at once, and the bytes of the queued offers.
+    max_body_bytes_in_flight: int = 16 << 20
+    max_queued_bytes: int = 256 << 20
 
     @property
     def offer_clock(self) -> ClockPolicy:
         return ClockPolicy(max_skew_ms=self.offer_skew_ms)
+
+    @property
+    def caps(self) -> Caps:
+        return Caps(
+            max_open=self.max_queued,
+            max_open_per_offerer=self.max_queued_per_offerer,
+            max_open_fresh=max(1, int(self.max_queued * self.fresh_share)),
+            max_open_bytes=self.max_queued_bytes,
+            tenure_ms=self.tenure_ms,
+        )
+
+
+class BodyBudget:
+    """Bytes of request bodies held in memory at once, across every request: reserved before they are read."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
 
 
 def _peer(agent_hex: str) -> str:
@@ -125,17 +175,22 @@ class Coordinator:
         self.clock = clock
         self.agent_rates = RateLimiter(settings.rate_per_s, settings.burst)
         self.offerer_rates = RateLimiter(settings.rate_per_s, settings.burst)
+        # Node-wide budgets, one bucket each: keys nobody knows yet share them.
+        self.fresh_offers = RateLimiter(settings.fresh_offers_per_s, settings.fresh_offers_burst, max_keys=1)
+        self.new_agents = RateLimiter(settings.new_agents_per_s, settings.new_agents_burst, max_keys=1)
+        self.bodies = BodyBudget(settings.max_body_bytes_in_flight)
 
     def app(self) -> Starlette:
+        bounded = self._bounded
         return Starlette(
             routes=[
-                Route("/agents/register", self.register, methods=["POST"]),
-                Route("/agents/heartbeat", self.heartbeat, methods=["POST"]),
-                Route("/pull", self.pull, methods=["POST"]),
-                Route("/tasks", self.enqueue, methods=["POST"]),
-                Route("/tasks/{task_id}", self.task_status, methods=["GET"]),
-                Route("/tasks/{task_id}/result", self.post_result, methods=["POST"]),
-                Route("/tasks/{task_id}/release", self.release, methods=["POST"]),
+                Route("/agents/register", bounded(self.register), methods=["POST"]),
+                Route("/agents/heartbeat", bounded(self.heartbeat), methods=["POST"]),
+                Route("/pull", bounded(self.pull), methods=["POST"]),
+                Route("/tasks", bounded(self.enqueue), methods=["POST"]),
+                Route("/tasks/{task_id}", bounded(self.task_status), methods=["GET"]),
+                Route("/tasks/{task_id}/result", bounded(self.post_result), methods=["POST"]),
+                Route("/tasks/{task_id}/release", bounded(self.release), methods=["POST"]),
                 Route("/stats", self.stats, methods=["GET"]),
             ],
             exception_handlers={
@@ -161,18 +216,53 @@ class Coordinator:
         log.error("internal_error", path=request.url.path, error=repr(exc))
         return _refused_response(Refused(CoordinatorReason.INTERNAL, "the coordinator failed; see its log"))
 
+    def _bounded(self, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """The endpoint, with whatever body budget its request reserved given back when it is done."""
+
+        async def bounded(request: Request) -> Response:
+            request.state.reserved = 0
+            try:
+                return await endpoint(request)
+            finally:
+                self.bodies.give(request.state.reserved)
+
+        return bounded
+
+    def _reserve(self, request: Request, n: int) -> bool:
+        if not self.bodies.take(n):
+            return False
+        request.state.reserved += n
+        return True
+
     async def _body(self, request: Request, cap: int) -> bytes:
-        """The body, never more than `cap` bytes of it in memory, whatever Content-Length claims."""
+        """The body, never more than `cap` bytes of it in memory, whatever Content-Length claims, and never more
+        than the coordinator's budget for all bodies at once: the declared length is reserved before reading.
+
+        A body refused for want of budget is still read, a chunk at a time and thrown away (memory stays flat),
+        so that the client reads a clean 503 with `Retry-After` instead of a connection cut mid-upload."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
             raise Refused(CoordinatorReason.TOO_LARGE, f"{declared} bytes > cap {cap}")
+        holding = declared is None or not declared.isdigit() or self._reserve(request, int(declared))
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cap:
-                raise Refused(CoordinatorReason.TOO_LARGE, f"more than cap {cap} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise Refused(CoordinatorReason.TOO_LARGE, f"more than cap {cap} bytes")
+                if holding and size > request.state.reserved:  # no length declared (chunked), or more than it said
+                    holding = self._reserve(request, size - request.state.reserved)
+                if holding:
+                    chunks.append(chunk)
+                else:
+                    chunks.clear()
+        except ClientDisconnect:
+            raise Refused(CoordinatorReason.MALFORMED, f"the client went away after {size} bytes") from None
+        if not holding:
+            raise Refused(
+                CoordinatorReason.BUSY, "the coordinator holds as many request bodies as it may; retry", retry_after_s=1
+            )
         return b"".join(chunks)
 
     async def _authenticate(self, request: Request, cap: int) -> tuple[str, bytes]:
@@ -213,6 +303,13 @@ class Coordinator:
         agent, body = await self._authenticate(request, MAX_JSON_BODY)
         mode = _sandbox_mode(_json_object(body, frozenset({"sandboxMode"})), required=True)
         assert mode is not None
+        known = await self.db.call(Store.agent_known, self.db.store, agent)
+        if not known and not self.new_agents.allow("new", trio.current_time()):
+            raise Refused(
+                CoordinatorReason.BUSY,
+                "new agents are registering faster than the coordinator takes them; retry",
+                retry_after_s=max(1, math.ceil(1 / self.settings.new_agents_per_s)),
+            )
         if not await self.db.call(Store.register, self.db.store, agent, mode, self.clock(), self.settings.max_agents):
             raise Refused(CoordinatorReason.BUSY, "the coordinator has as many agents as it holds", retry_after_s=60)
         log.info("agent_registered", agent=_peer(agent), sandbox_mode=mode)
@@ -229,7 +326,9 @@ class Coordinator:
     async def pull(self, request: Request) -> Response:
         agent, body = await self._authenticate(request, MAX_JSON_BODY)
         mode = _sandbox_mode(_json_object(body, frozenset({"sandboxMode"})), required=False)
-        outcome = await self.db.call(Store.pull, self.db.store, agent, mode, self.clock(), self.settings.lease_ms)
+        outcome = await self.db.call(
+            Store.pull, self.db.store, agent, mode, self.clock(), self.settings.lease_ms, self.settings.tenure_ms
+        )
         if outcome == "unknown_agent":
             raise Refused(CoordinatorReason.UNKNOWN_AGENT, "register first")
         if outcome == "sandbox_unavailable":
@@ -268,6 +367,15 @@ class Coordinator:
             )
         if offer.sandbox != "docker":
             raise Refused(str(Reason.SANDBOX_REQUIRED), "remote tasks run only in the sandbox; this asks for the host")
+        offerer = offer.offerer.hex()
+        now = self.clock()
+        established = await self.db.call(Store.established, self.db.store, offerer, now, self.settings.tenure_ms)
+        if not established and not self.fresh_offers.allow("fresh", trio.current_time()):
+            raise Refused(
+                CoordinatorReason.BUSY,
+                "offers from offerers this coordinator has not served are arriving faster than it takes them; retry",
+                retry_after_s=1,
+            )
         task_id = offer.offer_id.hex()
         deadline = offer.expires_at_ms + offer.limits.timeout_ms + self.settings.claim_grace_ms
         outcome = await self.db.call(
@@ -276,26 +384,32 @@ class Coordinator:
             task_id,
             received.raw,
             received.digest,
-            offer.offerer.hex(),
+            offerer,
             offer.expires_at_ms,
             deadline,
-            self.clock(),
-            self.settings.max_queued,
-            self.settings.max_queued_per_offerer,
+            now,
+            self.settings.caps,
         )
         if outcome == "duplicate":
             raise Refused(CoordinatorReason.DUPLICATE_TASK, "an offer with this id was already enqueued")
         if outcome != "queued":
-            who = "this offerer has" if outcome == "offerer_full" else "the coordinator has"
-            raise Refused(CoordinatorReason.BUSY, f"{who} as many unfinished tasks as it holds", retry_after_s=5)
+            who = {
+                "offerer_full": "this offerer has as many unfinished tasks as it may hold",
+                "fresh_full": "offerers this coordinator has not served hold as many unfinished tasks as they may",
+                "bytes_full": "the queued offers take as many bytes as the coordinator holds",
+            }.get(outcome, "the coordinator has as many unfinished tasks as it holds")
+            raise Refused(CoordinatorReason.BUSY, who, retry_after_s=5)
         log.info("task_enqueued", task=task_id, offerer=ed25519_peer_id(offer.offerer))
         return JSONResponse({"taskId": task_id}, status_code=201)
 
     async def task_status(self, request: Request) -> Response:
+        """A task's state and result, for its own offerer only: the request is signed with the offerer's key (the
+        `x-edgecoder-agent` header carries it), and any other key is told there is no such task."""
         task_id = _task_id(request)
+        reader, _ = await self._authenticate(request, 0)
         row = await self.db.call(Store.task, self.db.store, task_id)
-        if row is None:
-            raise Refused(CoordinatorReason.UNKNOWN_TASK, "no such task")
+        if row is None or row.offerer != reader:
+            raise Refused(CoordinatorReason.UNKNOWN_TASK, "no such task of yours")
         return JSONResponse(
             {
                 "taskId": row.task_id,

@@ -163,6 +163,56 @@ def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
     show_default=True,
     help="Agents known at once; long-silent agents without a claim are forgotten.",
 )
+@click.option(
+    "--trusted-offerer",
+    "trusted_offerers",
+    multiple=True,
+    metavar="PEERID",
+    help="An offerer whose tasks go first from the start (repeatable); others earn it by being served.",
+)
+@click.option(
+    "--established-after",
+    "established_after_s",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Seconds over which an offerer's tasks must have been done here before its tasks go first.",
+)
+@click.option(
+    "--fresh-share",
+    type=click.FloatRange(min=0.01, max=1.0),
+    default=0.5,
+    show_default=True,
+    help="Part of --max-queued that offerers not yet established may hold, together.",
+)
+@click.option(
+    "--fresh-offer-rate",
+    type=click.FloatRange(min=0.001),
+    default=20.0,
+    show_default=True,
+    help="Offers a second from offerers not yet established, all of them together (a burst of five seconds' worth).",
+)
+@click.option(
+    "--new-agent-rate",
+    type=click.FloatRange(min=0.001),
+    default=2.0,
+    show_default=True,
+    help="New agents registered a second, all of them together (a burst of ten seconds' worth).",
+)
+@click.option(
+    "--max-body-mib",
+    type=click.FloatRange(min=1),
+    default=16.0,
+    show_default=True,
+    help="MiB of request bodies held in memory at once; past it, 503 busy.",
+)
+@click.option(
+    "--max-queued-mib",
+    type=click.FloatRange(min=1),
+    default=256.0,
+    show_default=True,
+    help="MiB of offers in unfinished tasks; past it, enqueue answers 503 busy.",
+)
 @click.pass_context
 def coordinator(
     ctx: click.Context,
@@ -179,6 +229,13 @@ def coordinator(
     max_queued: int,
     max_queued_per_offerer: int,
     max_agents: int,
+    trusted_offerers: tuple[str, ...],
+    established_after_s: float,
+    fresh_share: float,
+    fresh_offer_rate: float,
+    new_agent_rate: float,
+    max_body_mib: float,
+    max_queued_mib: float,
 ) -> None:
     """Serve a coordinator (--db, --listen), or submit work to one (`submit`).
 
@@ -191,6 +248,12 @@ def coordinator(
         raise click.UsageError("to serve, give --db FILE and --listen HOST:PORT (or use `coordinator submit`)")
     host, port = parse_listen(listen)
     identity = _load_key(key) if key is not None else None
+    from mesh.identity import public_key_of_peer_id
+
+    try:
+        trusted = frozenset(public_key_of_peer_id(p).hex() for p in trusted_offerers)
+    except ValueError as exc:
+        raise BadInput(f"--trusted-offerer: {exc}") from None
     if not db.parent.is_dir():
         raise BadInput(f"--db {db}: directory {db.parent} does not exist; create it or pick another path")
     import trio
@@ -210,6 +273,15 @@ def coordinator(
         max_queued=max_queued,
         max_queued_per_offerer=max_queued_per_offerer,
         max_agents=max_agents,
+        trusted_offerers=trusted,
+        tenure_ms=round(established_after_s * 1000),
+        fresh_share=fresh_share,
+        fresh_offers_per_s=fresh_offer_rate,
+        fresh_offers_burst=max(1, round(fresh_offer_rate * 5)),
+        new_agents_per_s=new_agent_rate,
+        new_agents_burst=max(1, round(new_agent_rate * 10)),
+        max_body_bytes_in_flight=int(max_body_mib * (1 << 20)),
+        max_queued_bytes=int(max_queued_mib * (1 << 20)),
     )
     configure_logs()  # on stderr: stdout carries the ready line, which callers parse
     import sqlite3
@@ -344,18 +416,25 @@ def submit(
         _emit({"taskId": task_id})
         if not wait:
             return
+        from mesh.coordinator.signing import sign_request
+
         deadline = time.monotonic() + wait_s
+        path = f"/tasks/{task_id}"
         while True:
-            state = _request(client, "GET", f"/tasks/{task_id}")
-            if state.status_code != 200:
+            # A task's state is for its offerer only: the read is signed with the same key as the offer.
+            state = _request(client, "GET", path, headers=sign_request(identity, "GET", path, b""))
+            if state.status_code in (429, 503):  # the coordinator asks us to come back later
+                status = {"state": "waiting"}
+            elif state.status_code != 200:
                 _refused(state)
-            status = state.json()
-            if status["state"] in FINAL_STATES:
-                break
+            else:
+                status = state.json()
+                if status["state"] in FINAL_STATES:
+                    break
             if time.monotonic() > deadline:
                 _emit({"ok": False, "refusal": "timeout", "detail": f"task still {status['state']} after {wait_s:g} s"})
                 sys.exit(EXIT_REFUSED)
-            time.sleep(0.2)
+            time.sleep(0.25)
     if status["state"] != "done":
         _emit({"ok": False, "refusal": status.get("reason") or status["state"], "detail": status.get("detail") or ""})
         sys.exit(EXIT_REFUSED)

@@ -58,6 +58,7 @@ async def run_coordinator(
 ) -> None:
     """Serve until cancelled. Reports the URL it listens on (the real port, when `port` is 0) once it accepts."""
     store = Store(db_path, max_lapses=settings.max_lapses)
+    store.trust(settings.trusted_offerers)
     db = Database(store)
     try:
         app = Coordinator(db, settings, identity=identity).app()

@@ -62,6 +62,16 @@ CREATE TABLE IF NOT EXISTS refusals (
     reason   TEXT NOT NULL,
     PRIMARY KEY (task_id, agent)
 );
+-- What the coordinator knows of each offerer: whether the operator trusts it, when tasks of it were first and last
+-- done here (an offerer served over `tenure_ms` is established), and when one was last claimed (turns in /pull).
+CREATE TABLE IF NOT EXISTS offerers (
+    offerer          TEXT PRIMARY KEY,
+    trusted          INTEGER NOT NULL DEFAULT 0,
+    first_done_at    INTEGER,
+    last_done_at     INTEGER,
+    last_claimed_at  INTEGER NOT NULL DEFAULT 0,
+    seen_at          INTEGER NOT NULL DEFAULT 0
+);
 CREATE TABLE IF NOT EXISTS nonces (
     agent       TEXT NOT NULL,
     nonce       TEXT NOT NULL,
@@ -89,10 +99,31 @@ class TaskRow:
     detail: str | None
     claims: int
     lapses: int
+    offerer: str = ""
 
 
 PullOutcome = Literal["unknown_agent", "sandbox_unavailable"] | ClaimedTask | None
-EnqueueOutcome = Literal["queued", "duplicate", "full", "offerer_full"]
+EnqueueOutcome = Literal["queued", "duplicate", "full", "offerer_full", "fresh_full", "bytes_full"]
+OPEN_STATES = "state IN ('queued', 'claimed')"
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What the unfinished tasks may hold, in all, per offerer, for offerers not yet established, and in bytes."""
+
+    max_open: int = 1 << 62
+    max_open_per_offerer: int = 1 << 62
+    max_open_fresh: int = 1 << 62
+    max_open_bytes: int = 1 << 62
+    tenure_ms: int = 0  # an offerer with tasks done here over this long is established
+
+
+def _established(o: str, now: str, tenure: str) -> str:
+    """SQL: the `offerers` row `o` is established at `now` (the operator trusts it, or it was served over tenure)."""
+    return (
+        f"(coalesce({o}.trusted, 0) = 1 OR ({o}.first_done_at IS NOT NULL AND {o}.first_done_at <= {now} - {tenure} "
+        f"AND {o}.last_done_at >= {o}.first_done_at + {tenure}))"
+    )
 
 
 class Store:
@@ -107,6 +138,8 @@ class Store:
         self._db.execute(
             "PRAGMA synchronous=NORMAL"
         )  # WAL + NORMAL survives a process kill; a power cut may lose the last commits
+        # The WAL is truncated back to this after a checkpoint: a burst of large offers must not leave it huge.
+        self._db.execute(f"PRAGMA journal_size_limit={8 << 20}")
         self._migrate()
         self._db.executescript(_SCHEMA)
 
@@ -167,6 +200,15 @@ class Store:
 
     # -- tasks -----------------------------------------------------------------------------------------------
 
+    def trust(self, offerers: frozenset[str]) -> None:
+        """The operator's list of trusted offerers (hex keys), replacing the previous one."""
+        with self._transaction() as db:
+            db.execute("UPDATE offerers SET trusted = 0")
+            db.executemany(
+                "INSERT INTO offerers (offerer, trusted) VALUES (?, 1) ON CONFLICT (offerer) DO UPDATE SET trusted = 1",
+                [(o,) for o in sorted(offerers)],
+            )
+
     def enqueue(
         self,
         task_id: str,
@@ -176,29 +218,51 @@ class Store:
         expires_at: int,
         deadline: int,
         now: int,
-        max_open: int = 1 << 62,
-        max_open_per_offerer: int = 1 << 62,
+        caps: Caps = Caps(),
     ) -> EnqueueOutcome:
-        """`duplicate` if a task with this offer id is still known (an offer runs at most once), `full` or
-        `offerer_full` when the unfinished tasks are at a cap, else `queued`."""
+        """`duplicate` if a task with this offer id is still known (an offer runs at most once); `full`,
+        `offerer_full`, `fresh_full` or `bytes_full` when the unfinished tasks are at a cap; else `queued`."""
         with self._transaction() as db:
             if db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone() is not None:
                 return "duplicate"
-            open_states = "state IN ('queued', 'claimed')"
-            if db.execute(f"SELECT count(*) FROM tasks WHERE {open_states}").fetchone()[0] >= max_open:
+            count, size = db.execute(
+                f"SELECT count(*), coalesce(sum(length(offer)), 0) FROM tasks WHERE {OPEN_STATES}"
+            ).fetchone()
+            if count >= caps.max_open:
                 return "full"
-            by_offerer = f"SELECT count(*) FROM tasks WHERE {open_states} AND offerer = ?"
-            if db.execute(by_offerer, (offerer,)).fetchone()[0] >= max_open_per_offerer:
+            if size + len(offer) > caps.max_open_bytes:
+                return "bytes_full"
+            by_offerer = f"SELECT count(*) FROM tasks WHERE {OPEN_STATES} AND offerer = ?"
+            if db.execute(by_offerer, (offerer,)).fetchone()[0] >= caps.max_open_per_offerer:
                 return "offerer_full"
+            row = db.execute(
+                f"SELECT {_established('o', '?', '?')} FROM offerers o WHERE o.offerer = ?",
+                (now, caps.tenure_ms, caps.tenure_ms, offerer),
+            ).fetchone()
+            if not (row is not None and row[0]):
+                fresh = db.execute(
+                    f"SELECT count(*) FROM tasks t LEFT JOIN offerers o ON o.offerer = t.offerer WHERE "
+                    f"t.{OPEN_STATES} AND NOT {_established('o', '?', '?')}",
+                    (now, caps.tenure_ms, caps.tenure_ms),
+                ).fetchone()[0]
+                if fresh >= caps.max_open_fresh:
+                    return "fresh_full"
             db.execute(
                 "INSERT OR IGNORE INTO tasks (task_id, offer, offer_digest, offerer, expires_at, deadline, state, "
                 "enqueued_at, updated_at, ready_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
                 (task_id, offer, digest, offerer, expires_at, deadline, now, now, now),
             )
+            db.execute(
+                "INSERT INTO offerers (offerer, seen_at) VALUES (?, ?) "
+                "ON CONFLICT (offerer) DO UPDATE SET seen_at = excluded.seen_at",
+                (offerer, now),
+            )
             return "queued"
 
-    def pull(self, agent: str, mode: SandboxMode | None, now: int, lease_ms: int) -> PullOutcome:
-        """Claim the oldest task this agent may run, in one transaction.
+    def pull(self, agent: str, mode: SandboxMode | None, now: int, lease_ms: int, tenure_ms: int = 0) -> PullOutcome:
+        """Claim a task this agent may run, in one transaction: established offerers' tasks first, then offerers in
+        turn (the one whose task was claimed longest ago), then the oldest task of that offerer. A swarm of fresh
+        offerer keys with thousands of tasks queued is served after established offerers, and shares its turns.
 
         The sandbox check comes before any task is touched: an agent that cannot sandbox claims nothing, so nothing
         has to be requeued behind it.
@@ -218,9 +282,12 @@ class Store:
                 return "sandbox_unavailable"
             self._reap(db, now, lease_ms)
             found = db.execute(
-                "SELECT task_id, offer FROM tasks WHERE state = 'queued' AND expires_at > ? AND task_id NOT IN "
-                "(SELECT task_id FROM refusals WHERE agent = ?) ORDER BY ready_at, seq LIMIT 1",
-                (now, agent),
+                f"SELECT t.task_id, t.offer, t.offerer FROM tasks t LEFT JOIN offerers o ON o.offerer = t.offerer "
+                f"WHERE t.state = 'queued' AND t.expires_at > ? AND t.task_id NOT IN "
+                f"(SELECT task_id FROM refusals WHERE agent = ?) "
+                f"ORDER BY {_established('o', '?', '?')} DESC, coalesce(o.last_claimed_at, 0), t.ready_at, t.seq "
+                f"LIMIT 1",
+                (now, agent, now, tenure_ms, tenure_ms),
             ).fetchone()
             if found is None:
                 return None
@@ -229,11 +296,16 @@ class Store:
                 "updated_at = ? WHERE task_id = ?",
                 (agent, now, now, found[0]),
             )
+            db.execute(
+                "INSERT INTO offerers (offerer, last_claimed_at, seen_at) VALUES (?, ?, ?) ON CONFLICT (offerer) "
+                "DO UPDATE SET last_claimed_at = excluded.last_claimed_at, seen_at = excluded.seen_at",
+                (found[2], now, now),
+            )
             return ClaimedTask(found[0], bytes(found[1]))
 
     def task(self, task_id: str) -> TaskRow | None:
         row = self._db.execute(
-            "SELECT task_id, state, claimed_by, offer_digest, result, reason, detail, claims, lapses "
+            "SELECT task_id, state, claimed_by, offer_digest, result, reason, detail, claims, lapses, offerer "
             "FROM tasks WHERE task_id = ?",
             (task_id,),
         ).fetchone()
@@ -244,12 +316,22 @@ class Store:
     def complete(self, task_id: str, agent: str, result: bytes, now: int) -> bool:
         """Store the verified result, if the agent still holds the claim (its lease may have lapsed meanwhile)."""
         with self._transaction() as db:
+            # A finished task keeps its digest and result, not its offer: nothing reads the offer again.
             cur = db.execute(
-                "UPDATE tasks SET state = 'done', result = ?, updated_at = ? "
-                "WHERE task_id = ? AND state = 'claimed' AND claimed_by = ?",
+                "UPDATE tasks SET state = 'done', result = ?, offer = x'', updated_at = ? "
+                "WHERE task_id = ? AND state = 'claimed' AND claimed_by = ? RETURNING offerer",
                 (result, now, task_id, agent),
             )
-            return cur.rowcount == 1
+            row = cur.fetchone()
+            if row is None:
+                return False
+            db.execute(
+                "INSERT INTO offerers (offerer, first_done_at, last_done_at, seen_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (offerer) DO UPDATE SET first_done_at = coalesce(first_done_at, excluded.first_done_at), "
+                "last_done_at = excluded.last_done_at, seen_at = excluded.seen_at",
+                (row[0], now, now, now),
+            )
+            return True
 
     def release(self, task_id: str, agent: str, disposition: str, reason: str, detail: str, now: int) -> bool:
         """The claimant's node refused the offer. `disposition` is 'failed', 'requeue' or 'requeue_elsewhere'."""
@@ -261,7 +343,8 @@ class Store:
                 return False
             if disposition == "failed":
                 db.execute(
-                    "UPDATE tasks SET state = 'failed', reason = ?, detail = ?, updated_at = ? WHERE task_id = ?",
+                    "UPDATE tasks SET state = 'failed', offer = x'', reason = ?, detail = ?, updated_at = ? "
+                    "WHERE task_id = ?",
                     (reason, detail, now, task_id),
                 )
                 return True
@@ -295,6 +378,12 @@ class Store:
                 (now - retention_ms, now - skew_ms),
             )
             db.execute("DELETE FROM refusals WHERE task_id NOT IN (SELECT task_id FROM tasks)")
+            # An offerer is remembered while it has tasks, is trusted, or was active within the agents' retention.
+            db.execute(
+                "DELETE FROM offerers WHERE trusted = 0 AND max(seen_at, coalesce(last_done_at, 0)) < ? "
+                "AND offerer NOT IN (SELECT offerer FROM tasks)",
+                (now - agent_retention_ms,),
+            )
             db.execute(
                 "DELETE FROM agents WHERE last_seen < ? AND agent NOT IN "
                 "(SELECT claimed_by FROM tasks WHERE state = 'claimed' AND claimed_by IS NOT NULL)",
@@ -310,24 +399,32 @@ class Store:
     def _reap(self, db: sqlite3.Connection, now: int, lease_ms: int) -> None:
         """Expire what is past its time, and take claims back from agents silent for longer than a lease."""
         db.execute(
-            "UPDATE tasks SET state = 'expired', reason = 'expired', updated_at = ? WHERE state = 'queued' AND "
-            "expires_at <= ?",
+            "UPDATE tasks SET state = 'expired', offer = x'', reason = 'expired', updated_at = ? WHERE state = "
+            "'queued' AND expires_at <= ?",
             (now, now),
         )
         db.execute(
-            "UPDATE tasks SET state = 'expired', reason = 'expired', updated_at = ? WHERE state = 'claimed' AND "
-            "deadline <= ?",
+            "UPDATE tasks SET state = 'expired', offer = x'', reason = 'expired', updated_at = ? WHERE state = "
+            "'claimed' AND deadline <= ?",
             (now, now),
         )
         silent = "SELECT agent FROM agents WHERE last_seen < ?"
         db.execute(
             f"UPDATE tasks SET lapses = lapses + 1, updated_at = ?, ready_at = ?, state = CASE WHEN lapses + 1 >= ? "
-            f"THEN 'failed' ELSE 'queued' END, reason = 'lease_expired', detail = 'claiming agent went silent', "
+            f"THEN 'failed' ELSE 'queued' END, offer = CASE WHEN lapses + 1 >= ? THEN x'' ELSE offer END, "
+            f"reason = 'lease_expired', detail = 'claiming agent went silent', "
             f"claimed_by = NULL, claimed_at = NULL WHERE state = 'claimed' AND claimed_by IN ({silent})",
-            (now, now, self.max_lapses, now - lease_ms),
+            (now, now, self.max_lapses, self.max_lapses, now - lease_ms),
         )
 
     # -- reading ---------------------------------------------------------------------------------------------
+
+    def established(self, offerer: str, now: int, tenure_ms: int) -> bool:
+        row = self._db.execute(
+            f"SELECT {_established('o', '?', '?')} FROM offerers o WHERE o.offerer = ?",
+            (now, tenure_ms, tenure_ms, offerer),
+        ).fetchone()
+        return row is not None and bool(row[0])
 
     def agent_known(self, agent: str) -> bool:
         return self._db.execute("SELECT 1 FROM agents WHERE agent = ?", (agent,)).fetchone() is not None

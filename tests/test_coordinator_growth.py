@@ -1,0 +1,99 @@
+"""What a flood of fresh keys makes a real coordinator process hold: memory and disk stay within its budgets.
+
+The finding: +18.6 MB from 150 fresh keys in 2.6 s. `benchmarks/coordinator_growth.py` traced where it went: a
+high-water of per-connection state that does not grow further, and, unbounded, the request bodies held at once
+(150 concurrent 250 KiB offers peaked at 130 MB of Python heap) and the offers written to disk (1 GB in 27 s).
+Here 60 fresh keys at once register and pull, and enqueue 250 KiB offers, against the coordinator as configured
+and against one with its budgets opened wide (reproducing the finding): the first stays within bounds derived from
+its budgets, the second does not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from mesh.coordinator import signing
+from mesh.identity import NodeIdentity
+from mesh.offers import TaskOffer
+from tests.coordinator_support import CoordinatorProcess
+
+KEYS = 60
+OFFERS_PER_KEY = 4
+BIG_INPUT = "x" * (250 * 1024)
+BODY_MIB, QUEUED_MIB = 2, 4
+# What the budgets allow, with room for the allocator's high-water of 60 connections and SQLite's page cache.
+RSS_BOUND_MB = 40
+DISK_BOUND_MB = QUEUED_MIB * 1.05 + 8 + 2  # the queued offers, the WAL's size limit, the tables themselves
+WIDE_OPEN = (
+    *("--max-body-mib", "4096", "--max-queued-mib", "4096", "--fresh-share", "1"),
+    *("--fresh-offer-rate", "1000", "--new-agent-rate", "1000"),
+)
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def disk_mb(db: Path) -> float:
+    return sum(p.stat().st_size for p in db.parent.glob(db.name + "*") if p.suffix != ".log") / 1e6
+
+
+async def flood(url: str) -> Counter[str]:
+    answers: Counter[str] = Counter()
+
+    async def one_key() -> None:
+        identity = NodeIdentity.generate()
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            for path in ("/agents/register", "/pull", "/pull"):
+                raw = json.dumps({"sandboxMode": "docker"}).encode()
+                answer = await http.post(path, content=raw, headers=signing.sign_request(identity, "POST", path, raw))
+                answers[f"{path} {answer.status_code}"] += 1
+
+            async def one_offer() -> None:
+                offer = TaskOffer.create(identity, language="python", code="print(1)", input=BIG_INPUT)
+                answer = await http.post("/tasks", content=offer.sign(identity))
+                answers[f"/tasks {answer.status_code}"] += 1
+
+            # All of a key's offers at once: every body of the flood is in flight together.
+            async with trio.open_nursery() as offers:
+                for _ in range(OFFERS_PER_KEY):
+                    offers.start_soon(one_offer)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(KEYS):
+            nursery.start_soon(one_key)
+    return answers
+
+
+def growth(tmp_path: Path, *options: str) -> tuple[float, float, Counter[str]]:
+    db = tmp_path / "state.db"
+    with CoordinatorProcess(db, *options) as coordinator:
+        assert coordinator._proc is not None
+        pid = coordinator._proc.pid
+        before_rss, before_disk = rss_mb(pid), disk_mb(db)
+        answers = trio.run(flood, coordinator.url)
+        return rss_mb(pid) - before_rss, disk_mb(db) - before_disk, answers
+
+
+def test_a_fresh_key_flood_stays_within_the_coordinators_budgets(tmp_path: Path) -> None:
+    rss, disk, answers = growth(tmp_path, "--max-body-mib", str(BODY_MIB), "--max-queued-mib", str(QUEUED_MIB))
+    assert rss < RSS_BOUND_MB, (rss, answers)
+    assert disk < DISK_BOUND_MB, (disk, answers)
+    assert answers["/tasks 503"] > 0 and answers["/agents/register 503"] > 0  # refused, not dropped
+
+
+@pytest.mark.parametrize("bound", ["memory", "disk"])
+def test_the_same_flood_with_the_budgets_open_grows_past_them(tmp_path: Path, bound: str) -> None:
+    """The reproduction: without the budgets, the same 60 keys take the coordinator past both bounds."""
+    rss, disk, answers = growth(tmp_path, *WIDE_OPEN)
+    if bound == "memory":
+        assert rss > RSS_BOUND_MB, (rss, answers)
+    else:
+        assert disk > DISK_BOUND_MB, (disk, answers)

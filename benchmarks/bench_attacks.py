@@ -518,15 +518,21 @@ async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], sende
     by the next at once (what the node's budgets must absorb)."""
     import itertools
 
-    from mesh.offers import TaskOffer
-    from tests.hardening_support import attacker_ip, dial_from, stock_host
+    from mesh.offers import Audience, TaskOffer
+    from tests.hardening_support import attacker_ip, dial_from, peer_id, stock_host
 
     turn = itertools.cycle(keys)
+    to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
 
     async def sender(host: object) -> None:
         while True:
             key = next(turn)
-            raw = TaskOffer.create(key, language="python", code=FLOOD_CODE).sign(key)  # type: ignore[arg-type]
+            raw = TaskOffer.create(
+                key,  # type: ignore[arg-type]
+                language="python",
+                code=FLOOD_CODE,
+                audience=to_node,
+            ).sign(key)  # type: ignore[arg-type]
             try:
                 with trio.fail_after(60):
                     stats[await _offer_stream(host, addr, raw)] += 1

@@ -31,7 +31,7 @@ from libp2p.custom_types import TProtocol
 from mesh.codec import unpack_strict
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.offers import TaskOffer
+from mesh.offers import Audience, TaskOffer
 from mesh.reasons import Reason
 from tests.hardening_support import attacker_ip, dial_from, peer_id, stock_host
 from transports.direct import OFFER_PROTOCOL
@@ -92,13 +92,14 @@ async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
 
 async def sybil_flood(addr: str, answers: Counter[str], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     keys = itertools.cycle([NodeIdentity.generate() for _ in range(SYBIL_KEYS)])
+    to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
     async with stock_host(listen=()) as host:
         await dial_from(host, attacker_ip(0), addr)
 
         async def sender() -> None:
             while True:
                 key = next(keys)
-                raw = TaskOffer.create(key, language="python", code=SYBIL_CODE).sign(key)
+                raw = TaskOffer.create(key, language="python", code=SYBIL_CODE, audience=to_node).sign(key)
                 try:
                     answers[await offer_once(host, addr, raw)] += 1
                 except Exception:
@@ -111,11 +112,13 @@ async def sybil_flood(addr: str, answers: Counter[str], *, task_status: Any = tr
             task_status.started()
 
 
-async def wait_for_the_swarm(ready: dict[str, Any], places: int) -> None:
+async def wait_for_the_swarm(ready: dict[str, Any], places: int, answers: Counter[str]) -> None:
     """Readiness: the swarm holds `places` places of the queue (and so keeps them, refilling each as it frees)."""
-    with trio.fail_after(60):
-        while (await status(ready))["queueFresh"] < places:
+    with trio.move_on_after(60):
+        while (now := await status(ready))["queueFresh"] < places:
             await trio.sleep(0.1)
+        return
+    raise AssertionError(f"the swarm holds {now['queueFresh']} places, not {places}; its answers: {dict(answers)}")
 
 
 async def honest_offers(ready: dict[str, Any], honest: NodeIdentity) -> Counter[str]:
@@ -123,7 +126,7 @@ async def honest_offers(ready: dict[str, Any], honest: NodeIdentity) -> Counter[
     config = NodeConfig(identity=honest, listen=["/ip4/127.0.0.1/tcp/0"], sandbox_mode="none")
     async with MeshNode.open(config) as offerer:
         for n in range(HONEST_OFFERS):
-            raw = offerer.make_offer(language="python", code=f"print({n} * 2)")
+            raw = offerer.make_offer(to=ready["addrs"][0], language="python", code=f"print({n} * 2)")
             with trio.fail_after(60):
                 outcome = await offerer.offer_direct(ready["addrs"][0], raw)
             if outcome.result is not None:
@@ -140,7 +143,7 @@ async def test_without_the_classes_a_sybil_swarm_takes_the_whole_queue(tmp_path:
     answers: Counter[str] = Counter()
     async with node_process(tmp_path, honest, "--fresh-share", "1") as ready, trio.open_nursery() as nursery:
         await nursery.start(sybil_flood, ready["addrs"][0], answers)
-        await wait_for_the_swarm(ready, 32)
+        await wait_for_the_swarm(ready, 32, answers)
         outcomes = await honest_offers(ready, honest)
         nursery.cancel_scope.cancel()
     assert outcomes[str(Reason.BUSY)] == HONEST_OFFERS, outcomes  # the finding: none served
@@ -152,7 +155,7 @@ async def test_honest_offers_are_served_through_a_sybil_swarm(tmp_path: Path) ->
     answers: Counter[str] = Counter()
     async with node_process(tmp_path, honest) as ready, trio.open_nursery() as nursery:
         await nursery.start(sybil_flood, ready["addrs"][0], answers)
-        await wait_for_the_swarm(ready, 16)
+        await wait_for_the_swarm(ready, 16, answers)
         outcomes = await honest_offers(ready, honest)
         during = await status(ready)
         nursery.cancel_scope.cancel()

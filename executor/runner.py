@@ -260,7 +260,8 @@ class Executor:
                 if tier is None:
                     return await run_on_host(request, limits, self.policy)
                 pool = self.pools[tier]
-                source = pool if pool.ready > spare_warm else None
+                # A run told to spare the last warm ones starts cold (no source); any other asks the pool.
+                source = None if spare_warm and pool.ready <= spare_warm else pool
                 return await self.sandboxes[tier].run(request, limits, source=source)
             # Only abort_all() cancels this scope; the sandbox has killed and removed the container.
             return _aborted(int((trio.current_time() - started_at) * 1000))

@@ -195,9 +195,9 @@ async def test_a_run_asked_to_spare_the_last_warm_container_starts_cold(
     async with Executor.open(ExecutorPolicy(subset_check=False, pool_size=1), node_label=node_label) as ex:
         real_start = ex.sandbox.start
 
-        async def recording_start(limits: Limits, *, role: str) -> Any:
+        async def recording_start(limits: Limits, *, role: str, **options: Any) -> Any:
             roles.append(role)
-            return await real_start(limits, role=role)
+            return await real_start(limits, role=role, **options)
 
         ex.sandbox.start = recording_start  # type: ignore[method-assign]
         await wait_until(lambda: ex.stats().pool_ready == 1)

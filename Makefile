@@ -34,6 +34,8 @@ bench: setup
 	$(BIN)/python benchmarks/bench_control.py
 	$(BIN)/python benchmarks/bench_e2e.py
 	$(BIN)/python benchmarks/bench_attacks.py
+	$(BIN)/python benchmarks/bench_pubsub.py
+	$(BIN)/python benchmarks/bench_isolation.py
 
 # Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals.
 fuzz: setup

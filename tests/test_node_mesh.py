@@ -296,6 +296,34 @@ def test_a_msgpack_bomb_on_a_direct_stream_is_refused_for_microseconds_of_cpu_an
     run(main)
 
 
+def test_a_gossip_offer_captured_and_re_sent_directly_is_wrong_audience_and_still_runs_by_its_claim() -> None:
+    """Issue 11: an offer named no audience, so a gossip offer re-sent on a direct stream ran there with no claim.
+    A third node re-sends the exact bytes the offerer publishes (an offer for invitees is published as it is) to
+    the invitee: refused `wrong_audience`, nothing runs, and the id is not spent, so the gossip claim then runs it
+    once on that node. Were the audience ignored on direct streams, the re-sent copy would run (the first assert
+    fails); were the id spent by the refusal, the gossip copy would be refused `replayed` and time out. After it
+    ran, a re-send is still `wrong_audience`: a node the route does not fit says so before the replay memory."""
+
+    async def main() -> None:
+        async with mesh(runners=1, refusers=1) as m:
+            offerer: MeshNode = m["offerer"]
+            node: MeshNode = m["nodes"][0]
+            thief: MeshNode = m["none"][0]
+            raw = offerer.make_offer(invite=[node.peer_id], language="python", code=SUM, input={"xs": [2, 3]})
+            stolen = await thief.offer_direct(node.addrs[0], raw)
+            assert stolen.refusal is not None and stolen.refusal.reason == Reason.WRONG_AUDIENCE, stolen
+            assert offer_id(raw) not in node.ran and node.intake.rejected[("direct", "wrong_audience")] == 1
+            outcome = await offerer.offer_gossip(raw, timeout=30)
+            assert outcome.ok and outcome.result is not None, outcome.refusal
+            assert outcome.result.result.stdout == "5\n" and outcome.result.executor == node.identity.public_key
+            assert outcome.issues == 1 and node.ran.count(offer_id(raw)) == 1
+            again = await thief.offer_direct(node.addrs[0], raw)
+            assert again.refusal is not None and again.refusal.reason == Reason.WRONG_AUDIENCE, again
+            assert node.ran.count(offer_id(raw)) == 1
+
+    run(main)
+
+
 def test_a_node_whose_docker_becomes_unreachable_withdraws_and_comes_back(tmp_path: Any) -> None:
     """The machine's dockerd is shared, so the daemon 'goes away' behind a relay socket that the test cuts."""
 

@@ -25,6 +25,10 @@ async def hosts(count: int) -> AsyncIterator[list[P2PHost]]:
         yield [await stack.enter_async_context(open_host(NodeIdentity.generate(), [LOOPBACK])) for _ in range(count)]
 
 
+def sees(host: P2PHost, peer_id: str) -> Callable[[], bool]:
+    return lambda: peer_id in host.connected_peers()
+
+
 async def until(condition: Callable[[], bool], what: str, *, timeout: float = 20.0) -> None:
     with trio.move_on_after(timeout) as scope:
         while not condition():
@@ -38,7 +42,7 @@ async def test_above_the_high_watermark_the_newest_unprotected_connections_are_c
         oldest, *newer = peers
         for peer in peers:  # one at a time, so that the hub's connections have a known age
             await peer.connect(hub.addrs[0])
-            await until(lambda p=peer.peer_id: p in hub.connected_peers(), "the hub sees the connection")
+            await until(sees(hub, peer.peer_id), "the hub sees the connection")
         protected = newer[-1].peer_id  # the newest of all, protected (as a bootstrap peer or relay would be)
         manager = ConnectionManager(hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S)
         async with trio.open_nursery() as nursery:

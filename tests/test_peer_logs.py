@@ -45,7 +45,7 @@ class Node:
                 self.records.put({"event": "not json", "line": line})
 
     def wait_for(self, event: str, peer: str, timeout: float = 30.0) -> dict[str, Any]:
-        seen = []
+        seen: list[object] = []
         while True:
             try:
                 record = self.records.get(timeout=timeout)

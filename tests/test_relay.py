@@ -7,7 +7,8 @@ past a cap is refused. Real hosts on loopback, each client reserving through the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import trio
 from structlog.testing import capture_logs
@@ -69,7 +70,7 @@ async def relay_and_clients(limits: RelayServiceLimits, count: int) -> AsyncIter
             nursery.cancel_scope.cancel()
 
 
-def refusals(logs: list[dict[str, object]]) -> int:
+def refusals(logs: Sequence[Mapping[str, Any]]) -> int:
     return sum(1 for entry in logs if entry["event"] == "relay refused a reservation")
 
 

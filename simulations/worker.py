@@ -131,7 +131,13 @@ class Worker:
             return {"peer_id": sim.peer_id, "addr": sim.addr}
         if op == "state":
             nodes = {
-                n.peer_id: {"mesh": n.gossip.mesh_peers(), "fresh": len(n.peers.fresh())} for n in self.cluster.live()
+                n.peer_id: {
+                    "mesh": n.gossip.mesh_peers(),
+                    "fresh": len(n.peers.fresh()),
+                    # py-libp2p's adaptive gossip changes it (to 30-60 s when it judges the mesh unhealthy).
+                    "heartbeat_s": n.gossip.router.heartbeat_interval,
+                }
+                for n in self.cluster.live()
             }
             return {"nodes": nodes, "cpu_s": time.process_time(), "deaths": self.deaths, "griefed": self.griefed}
         if op == "arrivals":

@@ -64,7 +64,7 @@ DEFAULTS: dict[str, float] = {
     "claims_mean": 2.0,
     "claims_max": 2.0,
     "idle_cpu_per_node": 0.0039,
-    "cpu_ms_per_message": 0.56,
+    "cpu_ms_per_message": 0.515,
 }
 
 

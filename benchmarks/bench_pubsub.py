@@ -59,6 +59,7 @@ from mesh.identity import NodeIdentity  # noqa: E402
 from mesh.intake import Intake, IntakePolicy  # noqa: E402
 from mesh.offers import Limits, TaskOffer  # noqa: E402
 from mesh.reasons import Reason, Rejection  # noqa: E402
+from tests.pubsub_support import OFFER_CODE  # noqa: E402  (about 1 KB of code: what a small real task carries)
 from transports.base import Delivery, Verdict  # noqa: E402
 from transports.direct import DirectTransport  # noqa: E402
 from transports.gossip import GossipTransport  # noqa: E402
@@ -74,21 +75,6 @@ WARMUP = 4.0
 # heartbeat to 30-60 s in a mesh this small): configurations with it on are measured after that.
 ADAPTIVE_WARMUP = 35.0
 DELIVERY_WINDOW = 3.0
-# About 1 KB of code, what a small real task carries.
-OFFER_CODE = (
-    "import json, sys, statistics\n"
-    "data = json.load(sys.stdin)\n"
-    "xs = [float(x) for x in data['xs']]\n"
-    "out = {'n': len(xs), 'sum': sum(xs), 'mean': statistics.fmean(xs) if xs else None,\n"
-    "       'median': statistics.median(xs) if xs else None, 'max': max(xs, default=None),\n"
-    "       'min': min(xs, default=None)}\n"
-    "if any(x != x for x in xs):\n"
-    "    print(json.dumps({'error': 'nan in input'}))\n"
-    "    sys.exit(2)\n"
-    "out['spread'] = (out['max'] - out['min']) if xs else None\n"
-    "out['buckets'] = {str(b): sum(1 for x in xs if b <= x < b + 10) for b in range(0, 100, 10)}\n"
-    "print(json.dumps(out, sort_keys=True))\n"
-)
 
 CONFIGS: dict[str, tuple[PubsubTuning, str]] = {
     "stock": (STOCK, "stock"),

@@ -168,12 +168,16 @@ async def fresh_peer(source_ip: str, maddr: str) -> IMuxedConn | None:
     identity = NodeIdentity.generate()
     upgrader = TransportUpgrader(noise_only(identity), yamux_only())
     target = peer_id(maddr)
+    raw = None
     try:
         with trio.fail_after(10):
             raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
             secured = await upgrader.upgrade_security(raw, True, target)
             return await upgrader.upgrade_connection(secured, target)
     except (Exception, trio.TooSlowError):
+        if raw is not None:  # refused mid-upgrade: our end of the socket is still open
+            with trio.move_on_after(1):
+                await raw.close()
         return None
 
 

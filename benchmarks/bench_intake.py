@@ -61,7 +61,14 @@ def main() -> None:
         def go() -> None:
             async def feed() -> None:
                 intake = Intake(
-                    IntakePolicy(queue_size=len(raws) + 1, rate_per_offerer=1e9, burst_per_offerer=1e9),
+                    # Every budget open: this measures the checks, not the fairness bounds (bench_attacks does).
+                    IntakePolicy(
+                        queue_size=len(raws) + 1,
+                        queue_per_offerer=len(raws) + 1,
+                        fresh_share=1.0,
+                        rate_per_offerer=1e9,
+                        burst_per_offerer=1e9,
+                    ),
                     participating=lambda: True,
                 )
                 for raw in raws:

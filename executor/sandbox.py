@@ -61,6 +61,8 @@ TIMEOUT_EXIT_CODE = 124
 # status, the OOM check this long. Both keep a run within its timeout + 2 s.
 KILL_GRACE_S = 1.5
 STATUS_GRACE_S = 1.5
+# How long a removal is seen through on a slow daemon before it is left to the next start-up's sweep.
+REMOVE_PATIENCE_S = 60.0
 # A positive health check is trusted this long; any daemon error during a run forgets it at once.
 HEALTH_TTL_S = 10.0
 ACCEPTED_IMAGE_USERS = ("65534", "65534:65534")
@@ -458,12 +460,28 @@ class DockerSandbox:
             # Shielded: the owner's nursery may be cancelled (an exception, Ctrl-C) with removals still queued, and
             # a removal is bounded anyway (API_TIMEOUT_S).
             with trio.CancelScope(shield=True):
-                await self.docker.call(lambda api: self._remove_blocking(api, container_id))
+                await self._remove_until_gone(container_id)
         except DOCKER_ERRORS as exc:
             # Left for the labelled sweep at the next start-up.
             log.warning("sandbox.remove_failed", container=container_id[:12], error=repr(exc))
         finally:
             self.pending_removals -= 1
+
+    async def _remove_until_gone(self, container_id: str) -> None:
+        """Remove, and on a busy daemon see it through: a removal that timed out (a gVisor sandbox of fifty processes
+        took over 20 s on a loaded machine) goes on inside the daemon, so ask again, and wait until the container is
+        gone, for at most REMOVE_PATIENCE_S. Raises the daemon's errors past that."""
+        deadline = trio.current_time() + REMOVE_PATIENCE_S
+        while True:
+            try:
+                if await self.docker.call(lambda api: self._remove_blocking(api, container_id)):
+                    return
+            except (requests.Timeout, docker.errors.APIError):
+                if trio.current_time() >= deadline:
+                    raise
+            if trio.current_time() >= deadline:
+                raise requests.Timeout(f"container {container_id[:12]} still there after {REMOVE_PATIENCE_S:g} s")
+            await trio.sleep(0.5)
 
     # -- blocking SDK calls, always in worker threads --------------------------------------------------------
 
@@ -555,14 +573,17 @@ class DockerSandbox:
             if exc.status_code not in (404, 409):  # already gone, or no longer running: both fine
                 raise
 
-    def _remove_blocking(self, api: docker.APIClient, container_id: str) -> None:
+    def _remove_blocking(self, api: docker.APIClient, container_id: str) -> bool:
+        """True once the container is gone; False while the daemon is still removing it (409)."""
         try:
             api.remove_container(container_id, force=True)
         except docker.errors.NotFound:
-            pass
+            return True
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
+            return False
+        return True
 
     def _new_uid(self) -> int:
         """A uid of the sandbox range for a new container. Drawn at random: executors share no registry, and with

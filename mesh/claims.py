@@ -137,6 +137,10 @@ class ClaimDesk:
             self._posted.popitem(last=False)
         return posted
 
+    def __len__(self) -> int:
+        """Issues open for claims now: at most `capacity` (oldest forgotten), each withdrawn when its offer ends."""
+        return len(self._posted)
+
     def get(self, offer_id: bytes) -> PostedOffer | None:
         return self._posted.get(offer_id)
 

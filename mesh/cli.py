@@ -499,9 +499,9 @@ def config_show(ctx: click.Context, as_json: bool, **params: Any) -> None:
 
     texts = [json.dumps(shown(value)) if value is not None else f"({BY_KEY[key].unset})" for key, value, _ in rows]
     width = max(len(key) for key, _, _ in rows) + 2
-    value_width = min(60, max(len(t) for t in texts)) + 2
-    for (key, _, source), text in zip(rows, texts, strict=True):
-        click.echo(f"{key:<{width}}{text:<{value_width}}{source}")
+    value_width = min(60, max(len(t) for t in texts))
+    for (key, _, source), text in zip(rows, texts, strict=True):  # a value wider than its column still gets a gap
+        click.echo(f"{key:<{width}}{text:<{value_width}}  {source}")
 
 
 # -- inspection: status, peers, jobs ---------------------------------------------------------------------------

@@ -295,9 +295,16 @@ class Intake:
 
     def spare_warm(self, job: Job) -> int:
         """Warm containers a job taken from the queue must leave in the pool: the last one is kept for an
-        established offerer with no other run going, the one whose latency the classes are there to protect."""
+        established offerer with no other run going, the one whose latency the classes are there to protect.
+
+        Only while fresh offerers crowd in (another fresh run going, or fresh work queued): a new user alone on a
+        quiet node gets the warm container too. (Kept always, every fresh offerer's runs went cold on a pool of
+        one, the first ten minutes of every new user's life.)"""
         queue = self.jobs.classes
-        return 0 if job.established and queue.established.running(job.offerer) <= 1 else 1
+        if job.established:
+            return 0 if queue.established.running(job.offerer) <= 1 else 1
+        crowded = queue.fresh.running() > 1 or len(queue.fresh) > 0  # this job is already counted as running
+        return 1 if crowded else 0
 
     def close(self) -> None:
         self.jobs.close()

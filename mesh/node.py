@@ -135,6 +135,12 @@ class NodeConfig:
     adaptive_gossip: bool = False
     eclipse_protection: bool = True
 
+    @property
+    def mdns_enabled(self) -> bool:
+        """mDNS as asked (`--mdns`/`--no-mdns`), else on exactly when the node listens beyond loopback: on
+        loopback alone nobody else could hear it."""
+        return self.mdns if self.mdns is not None else listens_beyond_loopback(self.listen)
+
 
 @dataclass(frozen=True, slots=True)
 class SharedSandbox:
@@ -240,7 +246,7 @@ class MeshNode:
             self.connections,
             self.rendezvous,
         ]
-        if config.mdns if config.mdns is not None else listens_beyond_loopback(config.listen):
+        if config.mdns_enabled:
             self.services.append(
                 LanDiscovery(p2p, lambda peer, addrs: self.connections.discovered(peer, addrs, "mdns", eager=True))
             )

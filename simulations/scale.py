@@ -337,6 +337,7 @@ class Merged:
     deaths: dict[str, float]
     griefed: int
     peers: set[str]
+    heartbeats: list[float]  # each live node's router heartbeat interval at the end, s
 
 
 async def _gather(workers: list[WorkerProcess], probe: DeliveryProbe, receives: ReceiveCounter) -> Merged:
@@ -348,6 +349,7 @@ async def _gather(workers: list[WorkerProcess], probe: DeliveryProbe, receives: 
     deaths: dict[str, float] = {}
     griefed = 0
     peers: set[str] = set()
+    heartbeats: list[float] = []
     for w in workers:
         for digest, seen in (await w.request("arrivals")).items():
             arrivals.setdefault(digest, {}).update(seen)
@@ -359,7 +361,8 @@ async def _gather(workers: list[WorkerProcess], probe: DeliveryProbe, receives: 
         deaths.update(state["deaths"])
         griefed += state["griefed"]
         peers |= set(state["nodes"]) | set(state["deaths"])
-    return Merged(arrivals, copies, runs, deaths, griefed, peers)
+        heartbeats += [node["heartbeat_s"] for node in state["nodes"].values()]
+    return Merged(arrivals, copies, runs, deaths, griefed, peers, heartbeats)
 
 
 def _figures(
@@ -435,6 +438,8 @@ def _figures(
         "runs": sum(runs_per_work),
         "griefed_claims": merged.griefed,
         "deaths": len(merged.deaths),
+        "router_heartbeat_max_s": max(merged.heartbeats, default=math.nan),
+        "router_heartbeat_slow": sum(h > 1.0 for h in merged.heartbeats),
         "idle_cores": idle["cores"],
         "idle_cpu_per_node": idle["cores"] / size,
         "idle_pushes_per_node_s": idle["pushes_per_s"] / size,
@@ -507,6 +512,7 @@ def _write(report: Report, rows: list[dict[str, Any]], options: Options, plan: P
             "CPU ms /copy",
             "CPU ms /RPC",
             "griefed / died",
+            "router heartbeat max / nodes over 1 s",
         ],
         [
             (
@@ -521,6 +527,7 @@ def _write(report: Report, rows: list[dict[str, Any]], options: Options, plan: P
                 f"{r['cpu_ms_per_copy']:.2f}",
                 f"{r['cpu_ms_per_rpc']:.2f}",
                 f"{r['griefed_claims']} / {r['deaths']}",
+                f"{r['router_heartbeat_max_s']:g} s / {r['router_heartbeat_slow']}",
             )
             for r in rows
         ],

@@ -131,7 +131,13 @@ class Worker:
             return {"peer_id": sim.peer_id, "addr": sim.addr}
         if op == "state":
             nodes = {
-                n.peer_id: {"mesh": n.gossip.mesh_peers(), "fresh": len(n.peers.fresh())} for n in self.cluster.live()
+                n.peer_id: {
+                    "mesh": n.gossip.mesh_peers(),
+                    "fresh": len(n.peers.fresh()),
+                    # py-libp2p's adaptive gossip changes it (to 30-60 s when it judges the mesh unhealthy).
+                    "heartbeat_s": n.gossip.router.heartbeat_interval,
+                }
+                for n in self.cluster.live()
             }
             return {"nodes": nodes, "cpu_s": time.process_time(), "deaths": self.deaths, "griefed": self.griefed}
         if op == "arrivals":
@@ -163,10 +169,13 @@ async def serve(requests: trio.abc.ReceiveStream, answers: trio.abc.SendStream) 
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
+                    answer: dict[str, Any] = {}
                     try:
-                        answer = {"ok": await worker.handle(json.loads(line))}
+                        request = json.loads(line)
+                        answer["id"] = request.pop("id", None)  # echoed: the parent pairs answers by it
+                        answer["ok"] = await worker.handle(request)
                     except Exception as exc:  # a bad request is answered, not fatal: the parent reports it
-                        answer = {"error": repr(exc)}
+                        answer["error"] = repr(exc)
                     await answers.send_all(json.dumps(answer).encode() + b"\n")
             nodes.cancel_scope.cancel()  # stdin closed: the parent is done with us
         services.cancel_scope.cancel()  # then the shared sandbox, once no node uses it

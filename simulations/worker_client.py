@@ -25,19 +25,28 @@ class WorkerProcess:
         self.process = process
         self.peer_ids: list[str] = []
         self._buffer = b""
-        self._lock = trio.Lock()  # answers come back in request order; one request in flight keeps them paired
+        self._lock = trio.Lock()  # one request in flight at a time
+        # Every request carries a number the worker echoes. A request cancelled while its answer was on the way (a
+        # `move_on_after` around a wait) leaves that answer in the pipe; it is skipped by its number, instead of
+        # being taken for the answer to the next request.
+        self._next_id = 0
 
     async def request(self, op: str, **arguments: Any) -> Any:
         assert self.process.stdin is not None and self.process.stdout is not None
         async with self._lock:
-            await self.process.stdin.send_all(json.dumps({"op": op, **arguments}).encode() + b"\n")
-            while b"\n" not in self._buffer:
-                chunk = await self.process.stdout.receive_some(1 << 20)
-                if not chunk:
-                    raise WorkerError(f"worker {self.index} exited (code {self.process.returncode})")
-                self._buffer += chunk
-            line, self._buffer = self._buffer.split(b"\n", 1)
-        answer = json.loads(line)
+            self._next_id += 1
+            request_id = self._next_id
+            await self.process.stdin.send_all(json.dumps({"op": op, "id": request_id, **arguments}).encode() + b"\n")
+            while True:
+                while b"\n" not in self._buffer:
+                    chunk = await self.process.stdout.receive_some(1 << 20)
+                    if not chunk:
+                        raise WorkerError(f"worker {self.index} exited (code {self.process.returncode})")
+                    self._buffer += chunk
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                answer = json.loads(line)
+                if answer.get("id") == request_id:
+                    break
         if "error" in answer:
             raise WorkerError(f"worker {self.index}: {answer['error']}")
         return answer["ok"]

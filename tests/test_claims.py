@@ -248,3 +248,46 @@ def test_replicas_need_distinct_claimants_and_the_job_completes_only_with_all_th
         assert job.complete and job.done.is_set()
 
     trio.run(main)
+
+
+def secp256k1_peer_id() -> str:
+    """A real libp2p PeerID whose key is secp256k1 (its result could never be verified against an Ed25519 key)."""
+    from libp2p.crypto.secp256k1 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    return ID.from_pubkey(create_new_key_pair().public_key).to_base58()
+
+
+def test_a_secp256k1_claimant_is_refused_and_no_lapse_of_the_job_crashes_the_desk() -> None:
+    """Issue 11: such a claimant used to be granted, and `public_key_of_peer_id` then raised in `lapsed` when its
+    lease ran out, ending `edgecoder offer --gossip`. Here it has a fresh docker heartbeat and sends its own status,
+    so only its key can refuse it: were the key check dropped it would be granted (the first assert fails), and
+    were `_key_of` to let the ValueError through, `grant_claim` would raise. An Ed25519 claimant then wins and
+    lapses beside it: the lapse, the strikes and the re-issue's bookkeeping all go through."""
+
+    async def main() -> None:
+        desk, peers, clock, offer_id = setup()
+        job = job_of(desk, offer_id)
+        secp = secp256k1_peer_id()
+        status = {**heartbeat(RUNNER_A), "peerId": secp}
+        peers.observe(secp, status)
+        for sent in (status, None):  # with its status, and known from presence
+            refused = await desk.grant_claim(offer_id, secp, sent)
+            assert refused is not None and refused.reason == Reason.CLAIM_REFUSED
+        assert job.requests == 2 and job.refused == 2 and not job.grants
+        clock.t += 1.0 + LEASE_MARGIN_S + 0.1
+        assert not desk.lapsed(job) and not desk.claimed(job) and desk.strikes[secp] == 0
+        # An honest claimant's lease lapsing in the same job, with the secp256k1 claimant still asking.
+        peers.observe(RUNNER_A.peer_id, heartbeat(RUNNER_A))
+        assert await desk.grant_claim(offer_id, RUNNER_A.peer_id) is None
+        clock.t += 1.0 + LEASE_MARGIN_S + 0.1
+        again = await desk.grant_claim(offer_id, secp, status)
+        assert again is not None and again.reason == Reason.CLAIM_REFUSED
+        assert desk.undelivered(job) == [(RUNNER_A.peer_id, offer_id)]
+        assert desk.lapsed(job) and desk.strikes[RUNNER_A.peer_id] == 1 and desk.strikes[secp] == 0
+        assert not desk.claimed(job) and desk.undelivered(job) == [(RUNNER_A.peer_id, offer_id)]
+        # Its result, signed by some Ed25519 key and sent over its stream, is refused as the wrong executor.
+        forged = await desk.accept_result(result_of(desk, offer_id, RUNNER_B), secp)
+        assert forged is not None and forged.reason == Reason.WRONG_EXECUTOR and not job.results
+
+    trio.run(main)

@@ -18,3 +18,14 @@ def test_the_demo_holds_every_expectation(capsys: pytest.CaptureFixture[str]) ->
     assert "bad_signature" in out and "replayed" in out
     assert "BLE offer from a nearby laptop       ok" in out
     assert "Every expectation held." in out
+    # Issue 15: an expected refusal reads as one, each with its reason; nothing reads as a failure.
+    for reason in (
+        "sandbox_unavailable",
+        "sandbox_required_for_remote_task",
+        "bad_signature",
+        "replayed",
+        "wrong_audience",
+        "isolation_insufficient",
+    ):
+        assert f"refused, as expected: {reason}" in out, reason
+    assert "FAILED" not in out and "REFUSED" not in out

@@ -293,3 +293,28 @@ def test_a_promotion_does_not_give_an_offerer_a_second_budget() -> None:
     assert intake.standing.established(newcomer.public_key)
     verdicts = [deliver(intake, offer(newcomer)) for _ in range(budget)]
     assert sum(isinstance(v, Admitted) for v in verdicts) == 1
+
+
+def test_the_last_warm_container_is_kept_from_fresh_offerers_only_while_they_crowd_in() -> None:
+    """A new user alone on a quiet node gets the warm container (spare 0): keeping it always from fresh keys made
+    every run of a new offerer cold on a pool of one. While fresh work crowds in (a second fresh run, or fresh work
+    queued), a fresh run leaves the last one (spare 1) to established offerers; an established offerer with no
+    other run going may take it."""
+    intake, clock = make_intake()
+    establish(intake, HONEST, clock)
+    newcomer, other, third = sybils(3)
+    assert isinstance(deliver(intake, offer(newcomer)), Admitted)
+    alone = take(intake)
+    assert alone is not None and not alone.established
+    assert intake.spare_warm(alone) == 0
+    assert isinstance(deliver(intake, offer(other)), Admitted)  # fresh work queued behind it: crowded
+    assert intake.spare_warm(alone) == 1
+    serve(intake, alone)
+    second = take(intake)
+    assert second is not None and intake.spare_warm(second) == 0  # alone again
+    assert isinstance(deliver(intake, offer(third)), Admitted)
+    assert intake.spare_warm(second) == 1
+    clock.t += 0.5
+    assert isinstance(deliver(intake, offer(HONEST)), Admitted)
+    honest = take(intake)
+    assert honest is not None and honest.established and intake.spare_warm(honest) == 0

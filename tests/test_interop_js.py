@@ -35,6 +35,7 @@ from tests.docker_support import sandbox_policy, wait_pool_ready
 from tests.interop.jspeer import JsPeer, JsPeerError, summed
 from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
 from transports.p2p import DialError
+from transports.pubsub.tuning import IDONTWANT_THRESHOLD
 
 pytestmark = pytest.mark.interop
 
@@ -202,7 +203,8 @@ def test_invalid_offers_from_a_js_peer_are_refused_and_never_forwarded() -> None
                 "malformed": pack({"version": 1, "not": "an offer"}),
                 "expired": offer("print('old')", issued_at_ms=1_000_000, ttl_ms=60_000),
             }
-            sentinel = offer("print('valid')")
+            # Large enough for an IDONTWANT: we send them only for offers above IDONTWANT_THRESHOLD (transports/pubsub).
+            sentinel = offer("print('valid')", input={"pad": "x" * (IDONTWANT_THRESHOLD + 1024)})
             for raw in [*invalid.values(), sentinel]:
                 await hostile.call("publish", topic=OFFERS_TOPIC, data=raw.hex())
 
@@ -227,7 +229,7 @@ def test_invalid_offers_from_a_js_peer_are_refused_and_never_forwarded() -> None
             assert not invalid_ids & set(summed(control["received"]["ihave"]))
             assert ours.peer_id in await behind.mesh(OFFERS_TOPIC)  # it was in a position to be sent them
 
-            # Our IDONTWANT for the valid one names it by the same id as everything else: its sha256.
+            # Our IDONTWANT for the valid (large) one names it by the same id as everything else: its sha256.
             async def idontwant() -> bool:
                 received = (await behind.control())["received"]["idontwant"].get(ours.peer_id, {})
                 return sha256_hex(sentinel) in received

@@ -174,3 +174,37 @@ def test_a_gossip_offerer_that_gives_up_aborts_its_claimant() -> None:
             assert offerer.desk.get(offer_id(raw)) is None  # withdrawn from the desk
 
     run(main)
+
+
+def test_the_nested_code_offer_by_gossip_leaves_every_runner_of_a_mesh_alive_and_serving() -> None:
+    """Issue 10: heard by gossip, this offer once killed its claimant, then the next one as the offerer re-offered,
+    and so on through the mesh. Three real runners here: whichever claims it answers with a signed, typed refusal
+    from the subset check (nothing ran, and no job failed: were `check_subset` to raise again, the error boundary
+    would answer `node_error` and count a job failure, which this test refuses; were the boundary gone as well, the
+    runner's nursery would end the node and its honest offer below would fail). Then each runner still serves an
+    honest direct offer, and an honest gossip offer runs once. Checked: an `ast.parse` of the code put back on the
+    Trio thread ahead of the checker (the old bug) fails this test."""
+
+    async def main() -> None:
+        async with mesh(runners=3) as m:
+            offerer: MeshNode = m["offerer"]
+            runners: list[MeshNode] = m["nodes"]
+            nested = offerer.make_offer(language="python", code=NESTED)
+            outcome = await offerer.offer_gossip(nested, timeout=30)
+            assert outcome.result is not None, outcome.refusal
+            refused = outcome.result.result
+            assert not refused.ok and refused.exit_code is None and refused.error_kind is not None
+            assert refused.queue_reason != str(QueueReason.NODE_ERROR), refused
+            claimant = [r for r in runners if r.identity.public_key == outcome.result.executor]
+            assert len(claimant) == 1 and offer_id(nested) not in claimant[0].ran
+            for runner in runners:
+                assert "edgecoder_job_failures_total 0.0" in runner.metrics.exposition().decode()
+                served = await offerer.offer_direct(runner.addrs[0], honest_offer(runner.peer_id))
+                assert served.ok and served.result is not None, served.refusal
+                assert served.result.result.stdout == "still serving\n"
+            honest = offerer.make_offer(language="python", code="print(6 * 7)")
+            after = await offerer.offer_gossip(honest, timeout=30)
+            assert after.ok and after.result is not None and after.result.result.stdout == "42\n", after.refusal
+            assert sum(r.ran.count(offer_id(honest)) for r in runners) == 1
+
+    run(main)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from mesh.reasons import Reason
 from simulations.docker_relay import open_relays
 from tests.conftest import containers_of
 from tests.docker_support import sandbox_policy, wait_pool_ready
+from transports.base import Delivery, Verdict
 
 pytestmark = pytest.mark.docker
 
@@ -242,6 +244,82 @@ def test_garbage_on_the_direct_stream_is_refused_and_the_node_keeps_serving() ->
                     node.addrs[0], offerer.make_offer(to=node.peer_id, language="python", code="print(1)")
                 )
             ).ok
+
+    run(main)
+
+
+# array32 headers of 131,072 elements, nested 1000 deep in 5 KB: msgpack once allocated for every one of them.
+MSGPACK_BOMB = b"\xdd\x00\x02\x00\x00" * 1000
+
+
+class TimedIntake:
+    """The node's real intake, with the CPU each verdict costs measured: `deliver` never awaits before its verdict,
+    so the thread's CPU time around it is the node's own work on those bytes, whatever else the process runs."""
+
+    def __init__(self, intake: Any) -> None:
+        self.intake = intake
+        self.cpu_s: list[float] = []
+
+    @property
+    def participating(self) -> bool:
+        return bool(self.intake.participating)
+
+    async def deliver(self, delivery: Delivery) -> Verdict:
+        started = time.thread_time()
+        verdict: Verdict = await self.intake.deliver(delivery)
+        self.cpu_s.append(time.thread_time() - started)
+        return verdict
+
+
+def test_a_msgpack_bomb_on_a_direct_stream_is_refused_for_microseconds_of_cpu_and_the_node_keeps_serving() -> None:
+    """Issue 11: 5 KB of nested array32 headers cost the node 80-200 ms of CPU and about 66 MB before it was refused,
+    ahead of any signature or rate check. Sent on real direct offer streams, each bomb is refused `malformed` by the
+    shape walk (mesh/msgshape.py) for microseconds of CPU. Checked: with the codec as it was before the walk (no
+    `check_shape`, msgpack's limits at half the size cap) each bomb cost 46-55 ms here and the 5 ms bound fails. Five
+    bombs stay under the penalty box's ten strikes, so the same offerer is then served."""
+
+    async def main() -> None:
+        async with mesh(runners=1) as m:
+            offerer, node = m["offerer"], m["nodes"][0]
+            timed = TimedIntake(node.intake)
+            node.direct.sink = timed
+            for _ in range(5):
+                outcome = await offerer.offer_direct(node.addrs[0], MSGPACK_BOMB)
+                assert outcome.refusal is not None and outcome.refusal.reason == Reason.MALFORMED, outcome
+            # Fixed: 30-90 us a bomb here; the old codec: 46-55 ms (measured, put back). 5 ms parts them 10x each way.
+            assert len(timed.cpu_s) == 5 and max(timed.cpu_s) < 0.005, timed.cpu_s
+            assert node.intake.rejected[("direct", str(Reason.MALFORMED))] == 5
+            honest = offerer.make_offer(to=node.peer_id, language="python", code="print('served')")
+            served = await offerer.offer_direct(node.addrs[0], honest)
+            assert served.ok and served.result is not None and served.result.result.stdout == "served\n"
+
+    run(main)
+
+
+def test_a_gossip_offer_captured_and_re_sent_directly_is_wrong_audience_and_still_runs_by_its_claim() -> None:
+    """Issue 11: an offer named no audience, so a gossip offer re-sent on a direct stream ran there with no claim.
+    A third node re-sends the exact bytes the offerer publishes (an offer for invitees is published as it is) to
+    the invitee: refused `wrong_audience`, nothing runs, and the id is not spent, so the gossip claim then runs it
+    once on that node. Were the audience ignored on direct streams, the re-sent copy would run (the first assert
+    fails); were the id spent by the refusal, the gossip copy would be refused `replayed` and time out. After it
+    ran, a re-send is still `wrong_audience`: a node the route does not fit says so before the replay memory."""
+
+    async def main() -> None:
+        async with mesh(runners=1, refusers=1) as m:
+            offerer: MeshNode = m["offerer"]
+            node: MeshNode = m["nodes"][0]
+            thief: MeshNode = m["none"][0]
+            raw = offerer.make_offer(invite=[node.peer_id], language="python", code=SUM, input={"xs": [2, 3]})
+            stolen = await thief.offer_direct(node.addrs[0], raw)
+            assert stolen.refusal is not None and stolen.refusal.reason == Reason.WRONG_AUDIENCE, stolen
+            assert offer_id(raw) not in node.ran and node.intake.rejected[("direct", "wrong_audience")] == 1
+            outcome = await offerer.offer_gossip(raw, timeout=30)
+            assert outcome.ok and outcome.result is not None, outcome.refusal
+            assert outcome.result.result.stdout == "5\n" and outcome.result.executor == node.identity.public_key
+            assert outcome.issues == 1 and node.ran.count(offer_id(raw)) == 1
+            again = await thief.offer_direct(node.addrs[0], raw)
+            assert again.refusal is not None and again.refusal.reason == Reason.WRONG_AUDIENCE, again
+            assert node.ran.count(offer_id(raw)) == 1
 
     run(main)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,28 @@ def test_nodes_in_worker_processes_receive_every_offer(tmp_path: Path) -> None:
 def test_model_runs_from_the_calibration(tmp_path: Path) -> None:
     figures = run_quick("model", tmp_path)
     assert all(row["delivery_ratio"] > 0.99 for row in figures["rows"])
+
+
+@pytest.mark.docker
+def test_scale_quick_bounds_claims_and_delivers_every_offer(tmp_path: Path) -> None:
+    """`scale --quick` (8 and 16 nodes over worker processes, real Docker runs): the properties issue 13 asks of
+    every size, not its figures."""
+    quiet_logs()
+    out = tmp_path / "scale.json"
+    report, figures = trio.run(scenario("scale"), Options(quick=True, workers=2, out=tmp_path, json=out))
+    report.write()
+    assert report.figures and all(p.exists() and p.stat().st_size > 1000 for p in report.figures)
+    written = json.loads(out.read_text())
+    assert [row["nodes"] for row in written["rows"]] == [row["nodes"] for row in figures["rows"]] == [8, 16]
+    for row in figures["rows"]:
+        assert row["formed"], row
+        assert row["delivery_within_3s"] == 1.0, row
+        # Every offer answered with its verified result, and run once over all its issues.
+        assert row["offers"] > 0 and row["lost"] == 0 and not row["refusals"], row
+        assert row["duplicate_runs"] == 0 and row["runs"] == row["offers"], row
+        # Invitations: claim requests per offer bounded whatever N.
+        assert row["claims_mean"] <= 3.0 and row["claims_max"] <= 8, row
+        assert row["deliveries"] > 0 and row["idle_cpu_per_node"] > 0 and row["busy_cpu_per_node"] > 0, row
 
 
 @pytest.mark.docker

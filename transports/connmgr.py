@@ -88,14 +88,15 @@ class ConnectionManager:
                 await self._wake.wait()
 
     async def _balance(self) -> None:
-        connected = set(self.host.connected_peers())
-        for peer_id in connected:  # what we are connected to now is worth redialling later (a partition heals)
+        in_order = self.host.connected_peers()  # oldest first: the swarm's connections dict keeps insertion order
+        connected = set(in_order)
+        for peer_id in in_order:  # what we are connected to now is worth redialling later (a partition heals)
             if peer_id not in self.known:
                 self.discovered(peer_id, self.host.peer_addrs(peer_id), "connected")
         if len(connected) < self.high:
             await self._dial_more(connected)
         if len(connected) > self.high:
-            await self._trim(connected)
+            await self._trim(in_order)
 
     async def _dial_more(self, connected: set[str]) -> None:
         now = trio.current_time()
@@ -131,9 +132,9 @@ class ConnectionManager:
         report = log.info if entry.failures == 1 else log.debug
         report("could not reach a discovered peer", peer=peer_id, source=entry.source, errors=errors, retry_in_s=wait)
 
-    async def _trim(self, connected: set[str]) -> None:
+    async def _trim(self, connected: list[str]) -> None:
         keep = self.protected()
-        candidates = [p for p in reversed(list(connected)) if p not in keep]  # newest last in libp2p's order
+        candidates = [p for p in reversed(connected) if p not in keep]  # newest first (a set would lose the order)
         for peer_id in candidates[: len(connected) - self.high]:
             await self.host.disconnect(peer_id)
             self.trimmed += 1

@@ -108,9 +108,15 @@ class HardenedRelayProtocol(CircuitV2Protocol):
             refusal = HopMessage(type=HopMessage.STATUS, status=to_proto_status(StatusCode.RESOURCE_LIMIT_EXCEEDED))
             await write_delimited_msg(stream, refusal)
             return
-        await super()._handle_reserve(stream, msg)
-        if manager.has_reservation(peer) and ip is not None:
+        # Counted before the await: upstream reserves at once but answers (an await) before returning, and a
+        # concurrent RESERVE from the same IP must see this one. Forgotten again if no reservation came of it.
+        if ip is not None:
             self._reserved_from[peer] = ip
+        try:
+            await super()._handle_reserve(stream, msg)
+        finally:
+            if not manager.has_reservation(peer):
+                self._reserved_from.pop(peer, None)
 
     async def _relay_data(self, src_stream: INetStream, dst_stream: INetStream, *args: Any, **kwargs: Any) -> None:
         try:

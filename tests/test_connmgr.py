@@ -1,0 +1,102 @@
+"""The connection manager keeps the peer count between its watermarks, with real libp2p hosts on loopback.
+
+Above the high watermark it closes the newest unprotected connections; below the low one it dials the peers it was
+told about, and redials a peer it lost; between the two it neither dials (a peer that is not `eager`) nor trims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from mesh.identity import NodeIdentity
+from tests.test_p2p_fakes import LOOPBACK
+from transports.connmgr import ConnectionManager
+from transports.p2p import P2PHost, open_host
+
+INTERVAL_S = 0.05  # the manager's rebalancing period: short, so that the readiness waits below return soon
+
+
+@contextlib.asynccontextmanager
+async def hosts(count: int) -> AsyncIterator[list[P2PHost]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(open_host(NodeIdentity.generate(), [LOOPBACK])) for _ in range(count)]
+
+
+def sees(host: P2PHost, peer_id: str) -> Callable[[], bool]:
+    return lambda: peer_id in host.connected_peers()
+
+
+async def until(condition: Callable[[], bool], what: str, *, timeout: float = 20.0) -> None:
+    with trio.move_on_after(timeout) as scope:
+        while not condition():
+            await trio.sleep(0.02)
+    assert not scope.cancelled_caught, f"timed out waiting until {what}"
+
+
+async def test_above_the_high_watermark_the_newest_unprotected_connections_are_closed() -> None:
+    # Eight peers, three kept: a manager that picked at random would keep the two oldest 1 time in 21.
+    async with hosts(1) as [hub], hosts(8) as peers:
+        oldest, *newer = peers
+        for peer in peers:  # one at a time, so that the hub's connections have a known age
+            await peer.connect(hub.addrs[0])
+            await until(sees(hub, peer.peer_id), "the hub sees the connection")
+        protected = newer[-1].peer_id  # the newest of all, protected (as a bootstrap peer or relay would be)
+        manager = ConnectionManager(hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await until(lambda: manager.trimmed == 5, "five connections are trimmed")
+            # Kept: the protected peer and the two oldest. Closed: the five newest unprotected ones.
+            assert set(hub.connected_peers()) == {protected, oldest.peer_id, newer[0].peer_id}
+            assert manager.dialled == 0
+            nursery.cancel_scope.cancel()
+        # Within the watermarks, further rounds change nothing: no trim, and no redial of the trimmed peers.
+        for _ in range(5):
+            await manager._balance()
+        assert manager.trimmed == 5 and manager.dialled == 0
+        assert len(hub.connected_peers()) == 3
+
+
+async def test_below_the_low_watermark_discovered_peers_are_dialled_and_a_lost_one_redialled() -> None:
+    async with hosts(1) as [hub], hosts(5) as peers:
+        manager = ConnectionManager(hub, low=3, high=8, interval_s=INTERVAL_S)
+        for peer in peers:
+            manager.discovered(peer.peer_id, peer.addrs, "rendezvous")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            # `dialled` counts a dial once `connect` has returned, a little after the swarm lists the connection.
+            await until(lambda: manager.dialled >= 3, "the hub dials up to its low watermark")
+            nursery.cancel_scope.cancel()
+        # Short of `low`, it dials up to `low`, not beyond: the other discovered peers stay known, undialled.
+        for _ in range(5):
+            await manager._balance()
+        assert len(hub.connected_peers()) == 3 and manager.dialled == 3
+
+        await hub.disconnect(hub.connected_peers()[0])
+        assert len(hub.connected_peers()) == 2
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await until(lambda: manager.dialled == 4, "the hub redials")
+            nursery.cancel_scope.cancel()
+        assert len(hub.connected_peers()) == 3
+
+
+async def test_between_the_watermarks_only_eager_peers_are_dialled() -> None:
+    """A peer on our own LAN (mDNS: `eager`) is dialled whenever there is room under `high`; others only when short."""
+    async with hosts(1) as [hub], hosts(3) as peers:
+        first, lan, remote = peers
+        await first.connect(hub.addrs[0])
+        await until(lambda: first.peer_id in hub.connected_peers(), "the hub sees its first peer")
+        manager = ConnectionManager(hub, low=1, high=4, interval_s=INTERVAL_S)
+        manager.discovered(remote.peer_id, remote.addrs, "rendezvous")
+        manager.discovered(lan.peer_id, lan.addrs, "mdns", eager=True)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await until(lambda: manager.dialled == 1, "the LAN peer is dialled")
+            nursery.cancel_scope.cancel()
+        for _ in range(5):
+            await manager._balance()
+        assert lan.peer_id in hub.connected_peers() and remote.peer_id not in hub.connected_peers()
+        assert manager.dialled == 1

@@ -12,10 +12,11 @@ The docker SDK blocks, so its calls run in worker threads. Three rules, each for
   executor cycles used to leave 122 sockets to the garbage collector.
 
 The SDK's unix-socket transport leaks the socket of every connection attempt that fails (docker-py 7.1,
-`UnixHTTPConnection.connect`; upstream PR docker/docker-py#3356 is open). So with a unix-socket daemon the first
-connection, and every call after a connection failure, is preceded by a connection test of our own (closed
-properly) until one succeeds: a daemon that is down costs no socket to the garbage collector, except those of
-calls already in flight when it went away.
+`UnixHTTPConnection.connect`; upstream PR docker/docker-py#3356 is open). So our clients connect through
+`_UnixAdapter`, whose connection closes its socket when connecting fails: a call in flight when the daemon goes
+away costs no socket to the garbage collector. With a unix-socket daemon the first connection, and every call after
+a connection failure, is also preceded by a connection test of our own until one succeeds, so that a daemon that is
+down fails fast, with one clear error.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import docker.errors
 import docker.utils
 import requests
 import trio
+from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 
 T = TypeVar("T")
 
@@ -123,8 +125,15 @@ class DockerApi:
 
     def _new_client(self, version: str) -> docker.APIClient:
         if self._base_url is not None:
-            return docker.APIClient(base_url=self._base_url, version=version, timeout=self.timeout)
-        return docker.APIClient(**{**docker.utils.kwargs_from_env(), "version": version, "timeout": self.timeout})
+            api = docker.APIClient(base_url=self._base_url, version=version, timeout=self.timeout)
+        else:
+            api = docker.APIClient(**{**docker.utils.kwargs_from_env(), "version": version, "timeout": self.timeout})
+        stock = getattr(api, "_custom_adapter", None)
+        if isinstance(stock, UnixHTTPAdapter):  # unused so far: it has no connection to close
+            api._custom_adapter = _UnixAdapter(stock.socket_path, stock.timeout, max_pool_size=stock.max_pool_size)
+            api.mount("http+docker://", api._custom_adapter)
+            stock.close()
+        return api
 
     def _give_back(self, api: docker.APIClient) -> None:
         with self._lock:
@@ -132,3 +141,34 @@ class DockerApi:
                 self._idle.append(api)
                 return
         api.close()
+
+
+# -- the SDK's unix-socket transport, with the socket of a failed connection closed ------------------------------
+
+
+class _UnixConnection(UnixHTTPConnection):
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.unix_socket)
+        except BaseException:
+            sock.close()  # docker-py 7.1 leaves it to the garbage collector
+            raise
+        self.sock = sock
+
+
+class _UnixPool(UnixHTTPConnectionPool):
+    def _new_conn(self) -> _UnixConnection:
+        return _UnixConnection(self.base_url, self.socket_path, self.timeout)
+
+
+class _UnixAdapter(UnixHTTPAdapter):
+    """docker-py's `UnixHTTPAdapter`, whose pools make `_UnixConnection`s."""
+
+    def get_connection(self, url: Any, proxies: Any = None) -> _UnixPool:
+        with self.pools.lock:
+            pool = self.pools.get(url)
+            if pool is None:
+                pool = self.pools[url] = _UnixPool(url, self.socket_path, self.timeout, maxsize=self.max_pool_size)
+            return cast(_UnixPool, pool)

@@ -133,13 +133,14 @@ def _run_streaming(command: list[str], progress: Callable[[str], None]) -> None:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     except OSError as exc:
         raise ImageError(f"cannot run {command[0]}: {exc}") from exc
-    assert proc.stdout is not None
     tail: list[str] = []
-    for line in proc.stdout:
-        line = line.rstrip()
-        tail = [*tail[-19:], line]
-        progress(line)
-    if proc.wait() != 0:
+    with proc:  # closes our end of its stdout and reaps it, also when `progress` raises
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = [*tail[-19:], line]
+            progress(line)
+    if proc.returncode != 0:
         raise ImageError(f"{command[0]} failed with exit {proc.returncode}:\n" + "\n".join(tail))
 
 

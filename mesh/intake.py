@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -162,12 +162,16 @@ class JobQueue:
         self.closed = True
         self._waiters.unpark_all()
 
-    async def __aiter__(self) -> AsyncIterator[Job]:
-        while True:
-            try:
-                yield await self.receive()
-            except trio.EndOfChannel:
-                return
+    # An iterator of its own, as trio's channels are, not an async generator: a worker cancelled mid-`async for`
+    # would leave a generator to the garbage collector, unfinalised (Trio warns of it; nothing closes it).
+    def __aiter__(self) -> JobQueue:
+        return self
+
+    async def __anext__(self) -> Job:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
 
 class _VerifiedDigests:

@@ -11,7 +11,6 @@ for the operator, not the internet.
 from __future__ import annotations
 
 import errno
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mesh.bindprobe import probe_bind
 from mesh.metrics import NodeMetrics
 
 if TYPE_CHECKING:
@@ -66,15 +66,6 @@ def _bind_text(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _probe_bind(host: str, port: int) -> None:
-    """Bind the address once on a socket of our own, closed at once. Hypercorn leaves its socket open when the bind
-    fails (a ResourceWarning, and an fd per attempt); this way a bad address fails here, and cleanly."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Hypercorn binds: TIME_WAIT is no conflict
-        probe.bind((host, port))
-
-
 def _os_error(exc: BaseException) -> OSError | None:
     if isinstance(exc, OSError):
         return exc
@@ -110,7 +101,7 @@ async def serve_metrics(
             task_status.started(value)
 
     try:
-        _probe_bind(host, port)
+        probe_bind(host, port)  # Hypercorn leaves its socket open when its own bind fails
         await serve(build_app(metrics, status, health), config, mode="asgi", task_status=_Started())  # type: ignore[arg-type]
     except BaseException as exc:
         error = None if started else _os_error(exc)

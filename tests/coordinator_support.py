@@ -62,6 +62,7 @@ class CoordinatorProcess:
                     raise TimeoutError(f"coordinator printed no ready line within {self.ready_timeout} s")
                 chunk = os.read(self._proc.stdout.fileno(), 1)  # one byte: never read past the ready line
                 if not chunk:
+                    self.kill()  # reaped, and our end of its stdout closed
                     log = self.log_path.read_text(errors="replace")
                     raise RuntimeError(f"coordinator exited before it was ready:\n{log}")
                 line += chunk
@@ -121,6 +122,12 @@ class AgentClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object | TracebackType) -> None:
+        self.close()
 
     def post(self, path: str, body: bytes | dict[str, Any] = b"", **forge: Any) -> httpx.Response:
         raw = json.dumps(body).encode() if isinstance(body, dict) else body

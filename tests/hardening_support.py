@@ -98,6 +98,20 @@ async def dial_from(host: IHost, source_ip: str, maddr: str) -> Any:
     return await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
 
 
+@asynccontextmanager
+async def connection_from(host: IHost, source_ip: str, maddr: str) -> AsyncIterator[Any]:
+    """`dial_from` for as long as the block runs; on leaving it our end of the TCP socket is closed. The host's
+    own close (bounded to 3 s by `running`) left it to the garbage collector after the Sybil flood of
+    tests/test_fairness_node.py, 48 streams busy on the connection."""
+    info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
+    raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
+    try:
+        yield await host.get_network().upgrade_outbound_raw_conn(raw, info.peer_id)
+    finally:
+        with trio.CancelScope(shield=True):
+            await raw.close()
+
+
 async def try_dial_from(host: IHost, source_ip: str, maddr: str, *, timeout: float = 5.0) -> bool:
     """True when the connection came up, and is still up once identify ran over it; False when it was refused."""
     try:
@@ -168,12 +182,16 @@ async def fresh_peer(source_ip: str, maddr: str) -> IMuxedConn | None:
     identity = NodeIdentity.generate()
     upgrader = TransportUpgrader(noise_only(identity), yamux_only())
     target = peer_id(maddr)
+    raw = None
     try:
         with trio.fail_after(10):
             raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
             secured = await upgrader.upgrade_security(raw, True, target)
             return await upgrader.upgrade_connection(secured, target)
     except (Exception, trio.TooSlowError):
+        if raw is not None:  # refused mid-upgrade: our end of the socket is still open
+            with trio.move_on_after(1):
+                await raw.close()
         return None
 
 

@@ -107,6 +107,8 @@ class Logged:
             return stop(self.process, sig)
         finally:
             self._log_file.close()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
 
 
 class BleNode(Logged):
@@ -114,12 +116,16 @@ class BleNode(Logged):
         args = [*CLI, "node", "--key", str(key), "--listen", "/ip4/127.0.0.1/tcp/0", "--log-json", "--ble-hci", spec]
         super().__init__(args, log, env)
         assert self.process.stdout is not None
-        first = self.process.stdout.readline()  # the contract: the first stdout line is the ready event
-        if not first:
-            code = self.process.wait(timeout=30)
-            raise AssertionError(f"the node exited ({code}) before ready: {log.read_text()[-2000:]!r}")
-        self.ready = json.loads(first)
-        assert self.ready["event"] == "ready", first
+        try:
+            first = self.process.stdout.readline()  # the contract: the first stdout line is the ready event
+            if not first:
+                code = self.process.wait(timeout=30)
+                raise AssertionError(f"the node exited ({code}) before ready: {log.read_text()[-2000:]!r}")
+            self.ready = json.loads(first)
+            assert self.ready["event"] == "ready", first
+        except BaseException:
+            self.close(signal.SIGKILL)
+            raise
 
     def sessions(self) -> list[dict[str, Any]]:
         return [e for e in self.events() if e.get("event") == "ble session"]

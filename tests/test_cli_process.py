@@ -50,18 +50,27 @@ class NodeProcess:
             env=env,
         )
         assert self.process.stdout is not None
-        first = self.process.stdout.readline()  # the contract: the first stdout line is the ready event
-        self.ready = json.loads(first)
-        assert self.ready["event"] == "ready", first
+        try:
+            first = self.process.stdout.readline()  # the contract: the first stdout line is the ready event
+            self.ready = json.loads(first)
+            assert self.ready["event"] == "ready", first
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
 
     @property
     def addr(self) -> str:
         return str(self.ready["addrs"][0])
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the node, wait for it and close our end of its stdout. Its exit status; stopping twice is fine."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
-        return self.process.wait(timeout=30)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            assert self.process.stdout is not None
+            self.process.stdout.close()
 
 
 @pytest.fixture
@@ -85,11 +94,13 @@ def code(tmp_path: Path) -> Path:
 def two_nodes(keys: dict[str, Path]) -> Iterator[tuple[NodeProcess, NodeProcess, int]]:
     port = free_port()
     a = NodeProcess(keys["a"], "--metrics-port", str(port))
-    b = NodeProcess(keys["b"], "--peer", a.addr, "--log-json")
     try:
-        yield a, b, port
+        b = NodeProcess(keys["b"], "--peer", a.addr, "--log-json")
+        try:
+            yield a, b, port
+        finally:
+            b.stop()
     finally:
-        b.stop()
         a.stop()
 
 
@@ -167,23 +178,23 @@ def test_sigterm_mid_run_aborts_the_run_answers_the_offerer_and_leaves_no_contai
     slow.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     port = free_port()
     node = NodeProcess(keys["a"], "--metrics-port", str(port))
-    offer = subprocess.Popen(
+    with subprocess.Popen(
         [*CLI, "offer", "--key", str(keys["offerer"]), "--to", node.addr, "--language", "python",
          "--code-file", str(slow), "--timeout-ms", "30000"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while "edgecoder_runs_in_flight 1.0" not in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text:
-            assert time.monotonic() < deadline, "the offer never started running"
-            time.sleep(0.1)
-        began = time.monotonic()
-        assert node.stop(signal.SIGTERM) == 0
-        assert time.monotonic() - began < 15
-        out, _ = offer.communicate(timeout=30)
-    finally:
-        offer.kill()
-        node.stop(signal.SIGKILL)
+    ) as offer:  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while "edgecoder_runs_in_flight 1.0" not in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text:
+                assert time.monotonic() < deadline, "the offer never started running"
+                time.sleep(0.1)
+            began = time.monotonic()
+            assert node.stop(signal.SIGTERM) == 0
+            assert time.monotonic() - began < 15
+            out, _ = offer.communicate(timeout=30)
+        finally:
+            offer.kill()  # leaving `with` closes its stdout and reaps it
+            node.stop(signal.SIGKILL)
     answer = last_json(out)
     assert answer["ok"] is False
     assert answer.get("errorKind") == "aborted" or answer.get("refusal") in ("shutting_down", "unreachable")

@@ -80,10 +80,9 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinato
 
 @pytest.fixture
 def agent(coordinator: CoordinatorProcess) -> Iterator[AgentClient]:
-    client = AgentClient(coordinator.url)
-    assert client.register().status_code == 200
-    yield client
-    client.close()
+    with AgentClient(coordinator.url) as client:
+        assert client.register().status_code == 200
+        yield client
 
 
 def enqueue(coordinator: CoordinatorProcess, raw: bytes) -> str:

@@ -39,22 +39,22 @@ def test_silent_agents_task_is_requeued_after_its_lease(tmp_path: Path) -> None:
         tmp_path / "state.db", "--lease", "0.5", "--rate", "1000", "--burst", "1000"
     ) as coordinator:
         task_id = enqueue(coordinator.url, offer())
-        silent, live = AgentClient(coordinator.url), AgentClient(coordinator.url)
-        silent.register()
-        live.register()
-        assert silent.pull().json()["task"]["taskId"] == task_id
-        assert live.pull().json()["task"] is None  # held by the silent agent while its lease runs
+        with AgentClient(coordinator.url) as silent, AgentClient(coordinator.url) as live:
+            silent.register()
+            live.register()
+            assert silent.pull().json()["task"]["taskId"] == task_id
+            assert live.pull().json()["task"] is None  # held by the silent agent while its lease runs
 
-        # The live agent keeps pulling (which is also its heartbeat); the silent one sends nothing.
-        deadline = time.monotonic() + 10
-        while (task := live.pull().json()["task"]) is None:
-            assert time.monotonic() < deadline, "the silent agent's claim never lapsed"
-            time.sleep(0.05)
-        assert task["taskId"] == task_id
-        assert task_row(coordinator.db, task_id) == ("claimed", live.agent, 2, 1)
-        # The silent agent's late result is refused: the claim is someone else's now.
-        late = silent.post(f"/tasks/{task_id}/result", b"\x92\xc4\x00\xc4\x00")
-        assert late.status_code == 409 and late.json()["reason"] == "claimed_by_other"
+            # The live agent keeps pulling (which is also its heartbeat); the silent one sends nothing.
+            deadline = time.monotonic() + 10
+            while (task := live.pull().json()["task"]) is None:
+                assert time.monotonic() < deadline, "the silent agent's claim never lapsed"
+                time.sleep(0.05)
+            assert task["taskId"] == task_id
+            assert task_row(coordinator.db, task_id) == ("claimed", live.agent, 2, 1)
+            # The silent agent's late result is refused: the claim is someone else's now.
+            late = silent.post(f"/tasks/{task_id}/result", b"\x92\xc4\x00\xc4\x00")
+            assert late.status_code == 409 and late.json()["reason"] == "claimed_by_other"
 
 
 def test_heartbeats_keep_a_claim_alive(tmp_path: Path) -> None:
@@ -62,14 +62,14 @@ def test_heartbeats_keep_a_claim_alive(tmp_path: Path) -> None:
         tmp_path / "state.db", "--lease", "0.5", "--rate", "1000", "--burst", "1000"
     ) as coordinator:
         task_id = enqueue(coordinator.url, offer())
-        agent = AgentClient(coordinator.url)
-        agent.register()
-        assert agent.pull().json()["task"]["taskId"] == task_id
-        until = time.monotonic() + 1.5  # three leases
-        while time.monotonic() < until:
-            assert agent.post("/agents/heartbeat", {"sandboxMode": "docker"}).status_code == 200
-            time.sleep(0.1)
-        assert task_row(coordinator.db, task_id) == ("claimed", agent.agent, 1, 0)
+        with AgentClient(coordinator.url) as agent:
+            agent.register()
+            assert agent.pull().json()["task"]["taskId"] == task_id
+            until = time.monotonic() + 1.5  # three leases
+            while time.monotonic() < until:
+                assert agent.post("/agents/heartbeat", {"sandboxMode": "docker"}).status_code == 200
+                time.sleep(0.1)
+            assert task_row(coordinator.db, task_id) == ("claimed", agent.agent, 1, 0)
 
 
 def test_queued_and_claimed_tasks_survive_a_crash(tmp_path: Path) -> None:
@@ -78,15 +78,15 @@ def test_queued_and_claimed_tasks_survive_a_crash(tmp_path: Path) -> None:
     agent = NodeIdentity.generate()
     with CoordinatorProcess(db) as first:
         ids = [enqueue(first.url, raw) for raw in raws]
-        client = AgentClient(first.url, agent)
-        client.register()
-        assert client.pull().json()["task"]["taskId"] == ids[0]
+        with AgentClient(first.url, agent) as client:
+            client.register()
+            assert client.pull().json()["task"]["taskId"] == ids[0]
         first.kill()  # SIGKILL: no clean shutdown to lean on
     with CoordinatorProcess(db) as second:
-        client = AgentClient(second.url, agent)
         status = [read_task(second.url, i, OFFERER).json()["state"] for i in ids]
         assert status == ["claimed", "queued", "queued"]
-        pulled = client.pull().json()["task"]  # still registered: its record survived too
+        with AgentClient(second.url, agent) as client:
+            pulled = client.pull().json()["task"]  # still registered: its record survived too
         assert pulled["taskId"] == ids[1]
         assert base64.b64decode(pulled["offer"]) == raws[1]
         # The offer dedupe survives as well: an offer runs at most once, restart or not.
@@ -95,8 +95,11 @@ def test_queued_and_claimed_tasks_survive_a_crash(tmp_path: Path) -> None:
 
 
 def test_rate_limit_is_per_agent(tmp_path: Path) -> None:
-    with CoordinatorProcess(tmp_path / "state.db", "--rate", "0.01", "--burst", "3") as coordinator:
-        greedy, polite = AgentClient(coordinator.url), AgentClient(coordinator.url)
+    with (
+        CoordinatorProcess(tmp_path / "state.db", "--rate", "0.01", "--burst", "3") as coordinator,
+        AgentClient(coordinator.url) as greedy,
+        AgentClient(coordinator.url) as polite,
+    ):
         assert greedy.register().status_code == 200
         assert polite.register().status_code == 200
         assert greedy.pull().status_code == 200
@@ -114,13 +117,13 @@ def test_task_fails_after_its_last_allowed_lapse(tmp_path: Path) -> None:
     options = ("--lease", "0.3", "--max-lapses", "1", "--rate", "1000", "--burst", "1000")
     with CoordinatorProcess(tmp_path / "state.db", *options) as coordinator:
         task_id = enqueue(coordinator.url, offer())
-        agent = AgentClient(coordinator.url)
-        agent.register()
-        assert agent.pull().json()["task"]["taskId"] == task_id
-        # Nobody pulls now: the reaper alone must notice the silence.
-        deadline = time.monotonic() + 10
-        while (status := read_task(coordinator.url, task_id, OFFERER).json())["state"] == "claimed":
-            assert time.monotonic() < deadline, "the reaper never took the claim back"
-            time.sleep(0.05)
-        assert (status["state"], status["reason"]) == ("failed", "lease_expired")
-        assert task_row(coordinator.db, task_id) == ("failed", None, 1, 1)
+        with AgentClient(coordinator.url) as agent:
+            agent.register()
+            assert agent.pull().json()["task"]["taskId"] == task_id
+            # Nobody pulls now: the reaper alone must notice the silence.
+            deadline = time.monotonic() + 10
+            while (status := read_task(coordinator.url, task_id, OFFERER).json())["state"] == "claimed":
+                assert time.monotonic() < deadline, "the reaper never took the claim back"
+                time.sleep(0.05)
+            assert (status["state"], status["reason"]) == ("failed", "lease_expired")
+            assert task_row(coordinator.db, task_id) == ("failed", None, 1, 1)

@@ -33,7 +33,7 @@ from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from mesh.offers import Audience, TaskOffer
 from mesh.reasons import Reason
-from tests.hardening_support import attacker_ip, dial_from, peer_id, stock_host
+from tests.hardening_support import attacker_ip, connection_from, peer_id, stock_host
 from transports.direct import OFFER_PROTOCOL
 from transports.framing import read_frame, write_frame
 
@@ -93,8 +93,7 @@ async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
 async def sybil_flood(addr: str, answers: Counter[str], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     keys = itertools.cycle([NodeIdentity.generate() for _ in range(SYBIL_KEYS)])
     to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
-    async with stock_host(listen=()) as host:
-        await dial_from(host, attacker_ip(0), addr)
+    async with stock_host(listen=()) as host, connection_from(host, attacker_ip(0), addr):
 
         async def sender() -> None:
             while True:

@@ -144,6 +144,8 @@ def test_a_peer_that_stopped_reading_blocks_a_stock_close_and_ours_cuts_it_after
                 assert waited.cancelled_caught
                 nursery.cancel_scope.cancel()
             await stuck.secured_conn.close()  # type: ignore[attr-defined]
+            # The stock close never got to the server's end of the socket (that is the finding): close it here.
+            await socket_stream_of(conn.muxed_conn).aclose()
 
         async with trio.open_nursery() as nursery:
             async with open_host(NodeIdentity.generate(), [LOOPBACK]) as node:
@@ -160,6 +162,7 @@ def test_a_peer_that_stopped_reading_blocks_a_stock_close_and_ours_cuts_it_after
             with trio.fail_after(10):
                 while await raw.receive_some(1 << 20):
                     pass
+            await raw.aclose()  # the node cut it; our end is ours to close
             nursery.cancel_scope.cancel()
 
     run_trio(main)

@@ -74,7 +74,8 @@ def test_nat_lets_the_inside_dial_out_and_nobody_dial_in(net: Topology) -> None:
     outside, inside = net.host("outside", public), net.host("inside", home)
 
     with outside.listen_tcp(PORT) as server, inside.tcp_connect(outside.address, PORT):
-        _, peer = accept_one(server)
+        conn, peer = accept_one(server)
+        conn.close()
     assert peer[0] == nat.address_on(public), "MASQUERADE: the outside sees the router's address, not the host's"
 
     with inside.listen_tcp(PORT):

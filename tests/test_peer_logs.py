@@ -38,11 +38,12 @@ class Node:
         threading.Thread(target=self._read, args=(self.process.stderr,), daemon=True).start()
 
     def _read(self, stream: Any) -> None:
-        for line in stream:
-            try:
-                self.records.put(json.loads(line))
-            except ValueError:
-                self.records.put({"event": "not json", "line": line})
+        with stream:  # the only reader of the node's stderr: closed at its end of file
+            for line in stream:
+                try:
+                    self.records.put(json.loads(line))
+                except ValueError:
+                    self.records.put({"event": "not json", "line": line})
 
     def wait_for(self, event: str, peer: str, timeout: float = 30.0) -> dict[str, Any]:
         seen: list[object] = []
@@ -58,7 +59,11 @@ class Node:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=30)
+        try:
+            self.process.wait(timeout=30)
+        finally:
+            assert self.process.stdout is not None
+            self.process.stdout.close()
 
 
 def test_a_node_logs_a_peer_connecting_and_disconnecting(tmp_path: Path) -> None:

@@ -129,29 +129,29 @@ def test_status_peers_and_jobs_read_a_running_node(tmp_path: Path) -> None:
     key = tmp_path / "node.key"
     NodeIdentity.generate().save(key)
     state = str(tmp_path / "state")
-    node = subprocess.Popen(
+    with subprocess.Popen(
         [*CLI, "node", "--key", str(key), "--sandbox-mode", "none", "--metrics-port", "0", "--state-dir", state],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-    )
-    try:
-        assert node.stdout is not None
-        ready: dict[str, Any] = json.loads(node.stdout.readline())
-        port = ready["metricsPort"]  # --metrics-port 0: the ready line says which port was bound
-        assert port > 0 and ready["metrics"] == f"http://127.0.0.1:{port}"
+    ) as node:  # leaving `with` closes our end of its stdout
+        try:
+            assert node.stdout is not None
+            ready: dict[str, Any] = json.loads(node.stdout.readline())
+            port = ready["metricsPort"]  # --metrics-port 0: the ready line says which port was bound
+            assert port > 0 and ready["metrics"] == f"http://127.0.0.1:{port}"
 
-        def edgecoder(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([*CLI, *args, "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True)
+            def edgecoder(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run([*CLI, *args, "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True)
 
-        text = edgecoder("status")
-        assert text.returncode == 0 and ready["peerId"] in text.stdout and "does NOT take part" in text.stdout
-        as_json = json.loads(edgecoder("status", "--json").stdout)
-        assert as_json["peerId"] == ready["peerId"] and as_json["reason"] == "sandbox_mode_none"
-        assert "has no peers" in edgecoder("peers").stdout
-        assert json.loads(edgecoder("peers", "--json").stdout) == {"peerId": ready["peerId"], "peers": []}
-        assert "no job taken yet" in edgecoder("jobs").stdout
-        assert json.loads(edgecoder("jobs", "--json").stdout)["jobs"] == []
-    finally:
-        node.terminate()
-        assert node.wait(timeout=30) == 0
+            text = edgecoder("status")
+            assert text.returncode == 0 and ready["peerId"] in text.stdout and "does NOT take part" in text.stdout
+            as_json = json.loads(edgecoder("status", "--json").stdout)
+            assert as_json["peerId"] == ready["peerId"] and as_json["reason"] == "sandbox_mode_none"
+            assert "has no peers" in edgecoder("peers").stdout
+            assert json.loads(edgecoder("peers", "--json").stdout) == {"peerId": ready["peerId"], "peers": []}
+            assert "no job taken yet" in edgecoder("jobs").stdout
+            assert json.loads(edgecoder("jobs", "--json").stdout)["jobs"] == []
+        finally:
+            node.terminate()
+            assert node.wait(timeout=30) == 0

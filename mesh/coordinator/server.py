@@ -9,6 +9,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from mesh.bindprobe import probe_bind
 from mesh.coordinator.app import Coordinator, Settings
 from mesh.coordinator.signing import now_ms
 from mesh.coordinator.store import Database, Store
@@ -56,7 +57,9 @@ async def run_coordinator(
     identity: NodeIdentity | None = None,
     task_status: TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled. Reports the URL it listens on (the real port, when `port` is 0) once it accepts."""
+    """Serve until cancelled. Reports the URL it listens on (the real port, when `port` is 0) once it accepts.
+    An address that cannot be bound raises its OSError, before the database is opened."""
+    probe_bind(host, port)  # Hypercorn leaves its socket open when its own bind fails
     store = Store(db_path, max_lapses=settings.max_lapses)
     store.trust(settings.trusted_offerers)
     db = Database(store)

@@ -100,18 +100,19 @@ class NetnsProcess:
 
     def _read_stdout(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            now = time.monotonic()
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                data = None
-            with self._changed:
-                if isinstance(data, dict):
-                    self._events.append(Event(data, now))
-                else:
-                    self._other_stdout.append(line.rstrip("\n"))
-                self._changed.notify_all()
+        with self.popen.stdout as stdout:  # the only reader: closed at its end of file
+            for line in stdout:
+                now = time.monotonic()
+                try:
+                    data = json.loads(line)
+                except json.JSONDecodeError:
+                    data = None
+                with self._changed:
+                    if isinstance(data, dict):
+                        self._events.append(Event(data, now))
+                    else:
+                        self._other_stdout.append(line.rstrip("\n"))
+                    self._changed.notify_all()
         with self._changed:
             self._stdout_closed = True
             self._changed.notify_all()

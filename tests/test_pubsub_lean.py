@@ -205,16 +205,25 @@ def test_rpcs_queued_for_one_peer_leave_in_one_write_with_coalescing_and_in_one_
                 stream = a.gossip.pubsub.peers[ID.from_base58(b.host.peer_id)]
                 count = [0]
                 write = stream.write
+                # The first write waits until every publish is queued: what is queued meanwhile is what a sender
+                # may coalesce, whatever checkpoints the publish path has (a router heartbeat taking a lock under
+                # load once let the sender run between publishes).
+                all_queued = trio.Event()
 
-                async def counted(data: bytes, write: Any = write, count: list[int] = count) -> None:
+                async def counted(
+                    data: bytes, write: Any = write, count: list[int] = count, gate: trio.Event = all_queued
+                ) -> None:
                     count[0] += 1
+                    await gate.wait()
                     await write(data)
 
                 stream.write = counted  # type: ignore[method-assign]
                 # 12, not more: upstream queues an IDONTWANT with each, and the per-peer queue holds 32 RPCs.
                 offers = [make_offer(a.identity, i) for i in range(12)]
-                for raw in offers:  # no checkpoint between publishes: all are queued before the sender runs
+                for raw in offers:
                     await a.gossip.pubsub.publish(OFFERS_TOPIC, raw)
+                await trio.sleep(0.05)  # the sender takes the first and waits in its write
+                all_queued.set()
                 await wait_until(lambda: counter.snapshot()["offer_copies"] >= 12, what="12 offers sent")
                 await trio.sleep(0.2)  # let the writes finish
                 writes[name] = count[0]

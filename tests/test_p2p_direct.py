@@ -208,6 +208,27 @@ def test_an_unreachable_peer_is_a_refusal_not_an_exception() -> None:
     run_trio(main)
 
 
+def test_a_stream_closed_or_reset_before_the_answer_is_unreachable_not_the_peers_refusal() -> None:
+    """Issue 10: a failed or reset stream used to reach the caller as `malformed`, the peer's fault, so gossip stopped
+    trying the offerer's other addresses. Nobody answered: `unreachable`. (With the frame fault mapped back to
+    MALFORMED in `_ANSWER_FRAME_REASONS`, this fails.)"""
+
+    async def main() -> None:
+        async with pair() as p:
+            for ending in ("reset", "close"):
+
+                async def hang_up(stream: object, ending: str = ending) -> None:
+                    await read_frame(stream, max_len=1 << 16, timeout=5)  # type: ignore[arg-type]
+                    await (stream.reset() if ending == "reset" else stream.close())  # type: ignore[attr-defined]
+
+                p.server.set_handler(OFFER_PROTOCOL, hang_up)  # type: ignore[arg-type]
+                answer = await p.client_direct.send_offer(p.server.addrs[0], OFFER)
+                assert answer.refusal is not None, (ending, answer)
+                assert answer.refusal.reason is Reason.UNREACHABLE, (ending, answer.refusal)
+
+    run_trio(main)
+
+
 def test_framing_round_trip() -> None:
     async def main() -> None:
         async with pair() as p:

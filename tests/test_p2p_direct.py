@@ -6,6 +6,7 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -217,11 +218,11 @@ def test_a_stream_closed_or_reset_before_the_answer_is_unreachable_not_the_peers
         async with pair() as p:
             for ending in ("reset", "close"):
 
-                async def hang_up(stream: object, ending: str = ending) -> None:
-                    await read_frame(stream, max_len=1 << 16, timeout=5)  # type: ignore[arg-type]
-                    await (stream.reset() if ending == "reset" else stream.close())  # type: ignore[attr-defined]
+                async def hang_up(stream: Any, ending: str = ending) -> None:
+                    await read_frame(stream, max_len=1 << 16, timeout=5)
+                    await (stream.reset() if ending == "reset" else stream.close())
 
-                p.server.set_handler(OFFER_PROTOCOL, hang_up)  # type: ignore[arg-type]
+                p.server.set_handler(OFFER_PROTOCOL, hang_up)
                 answer = await p.client_direct.send_offer(p.server.addrs[0], OFFER)
                 assert answer.refusal is not None, (ending, answer)
                 assert answer.refusal.reason is Reason.UNREACHABLE, (ending, answer.refusal)

@@ -48,6 +48,9 @@ class Options:
 def quiet_logs() -> None:
     """The nodes log every gate change and libp2p every closed stream; a progress bar cannot be read through that."""
     logging.getLogger().setLevel(logging.ERROR)
+    # py-libp2p sets its own logger to WARNING; with no handler configured, Python's last-resort handler then prints
+    # each of its warnings bare on stderr (a "GRAFT flood detected" per mesh churn, dozens at 200 nodes).
+    logging.getLogger("libp2p").setLevel(logging.ERROR)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 

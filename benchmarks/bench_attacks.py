@@ -203,6 +203,15 @@ async def attacker_process(name: str, target: Target, *, warmup: float = 1.0) ->
     notes["attacker"] = ", ".join(f"{k} {v / seconds:.0f}/s" for k, v in sorted(counted.items()))
 
 
+def process_attack(
+    name: str, what: str, attacker_name: str, *, fresh_connection: bool = False, warmup: float = 1.0
+) -> None:
+    """Register an attack that is attacker `attacker_name` in its subprocess and nothing more (most of them)."""
+    attack(name, what, fresh_connection=fresh_connection)(
+        lambda target: attacker_process(attacker_name, target, warmup=warmup)
+    )
+
+
 def attacker_main(name: str, target_addr: str) -> None:
     """The `--attacker` process: attack until stdin closes, then print the counts as one JSON line."""
     quiet_logs()
@@ -358,43 +367,41 @@ async def stream_flood(addr: str, stats: Counter[str]) -> None:
                 held = held[-1024:]  # the node closes them after its stall timeout anyway
 
 
-@attack("inbound-slot leak", "one key reconnects in a loop, as fast as it can", fresh_connection=True)
-@asynccontextmanager
-async def reconnects(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("reconnect_churn", target) as notes:
-        yield notes
+process_attack(
+    "inbound-slot leak", "one key reconnects in a loop, as fast as it can", "reconnect_churn", fresh_connection=True
+)
 
 
-@attack("idle sockets, 1 address", "260 silent sockets from one address, reopened when closed", fresh_connection=True)
-@asynccontextmanager
-async def idle_one(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("idle_sockets_one_source", target) as notes:
-        yield notes
-
-
-@attack("idle sockets, 200 addrs", "400 silent sockets from 200 addresses, reopened when closed", fresh_connection=True)
-@asynccontextmanager
-async def idle_many(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("idle_sockets_many_sources", target) as notes:
-        yield notes
-
-
-@attack(
-    "idle sockets, 2000 sockets",
-    "2000 silent sockets from 200 addresses (10 each), reopened when closed",
+process_attack(
+    "idle sockets, 1 address",
+    "260 silent sockets from one address, reopened when closed",
+    "idle_sockets_one_source",
     fresh_connection=True,
 )
-@asynccontextmanager
-async def idle_2000(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("idle_sockets_past_the_pending_cap", target) as notes:
-        yield notes
 
 
-@attack("fresh-peer flood", "new keys, full handshakes, hung up at once, 16 at a time", fresh_connection=True)
-@asynccontextmanager
-async def fresh_peers(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("fresh_peer_flood", target) as notes:
-        yield notes
+process_attack(
+    "idle sockets, 200 addrs",
+    "400 silent sockets from 200 addresses, reopened when closed",
+    "idle_sockets_many_sources",
+    fresh_connection=True,
+)
+
+
+process_attack(
+    "idle sockets, 2000 sockets",
+    "2000 silent sockets from 200 addresses (10 each), reopened when closed",
+    "idle_sockets_past_the_pending_cap",
+    fresh_connection=True,
+)
+
+
+process_attack(
+    "fresh-peer flood",
+    "new keys, full handshakes, hung up at once, 16 at a time",
+    "fresh_peer_flood",
+    fresh_connection=True,
+)
 
 
 @attack("yamux window flood", "data past the receive window, new session when cut, 4 at a time")
@@ -406,11 +413,7 @@ async def window(target: Target) -> AsyncIterator[dict[str, str]]:
     notes["node RSS"] = f"{before:.0f} -> {rss_mb():.0f} MB"
 
 
-@attack("stream flood", "streams opened on one connection as fast as it can, never written")
-@asynccontextmanager
-async def streams(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("stream_flood", target) as notes:
-        yield notes
+process_attack("stream flood", "streams opened on one connection as fast as it can, never written", "stream_flood")
 
 
 # -- invalid gossip, and held fresh peers (transports/pubsub/scoring, transports/hardening/penalties) -------------
@@ -474,11 +477,13 @@ async def invalid_gossip_fresh(target: Target) -> AsyncIterator[dict[str, str]]:
     notes["validated by the runner"] = f"{_bad_signatures(target) - before} bad offers"
 
 
-@attack("fresh peers, 231 held", "231 fresh keys from 15 addresses, connections held open", fresh_connection=True)
-@asynccontextmanager
-async def held_fresh(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("held_fresh_peers", target, warmup=3.0) as notes:
-        yield notes
+process_attack(
+    "fresh peers, 231 held",
+    "231 fresh keys from 15 addresses, connections held open",
+    "held_fresh_peers",
+    fresh_connection=True,
+    warmup=3.0,
+)
 
 
 def _bad_signatures(target: Target) -> int:
@@ -579,25 +584,23 @@ async def msgpack_bombs(addr: str, stats: Counter[str]) -> None:
             await trio.sleep(1 / 3)
 
 
-@attack("msgpack bomb", "a 5 KB msgpack bomb offered directly, ~3 a second")
-@asynccontextmanager
-async def bombs(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("msgpack_bombs", target) as notes:
-        yield notes
+process_attack("msgpack bomb", "a 5 KB msgpack bomb offered directly, ~3 a second", "msgpack_bombs")
 
 
-@attack("one-key flood", "one fresh offerer key keeps 24 offers in flight (0.2 s jobs), a refused one re-sent at once")
-@asynccontextmanager
-async def one_key(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("one_key_flood", target, warmup=3.0) as notes:
-        yield notes
+process_attack(
+    "one-key flood",
+    "one fresh offerer key keeps 24 offers in flight (0.2 s jobs), a refused one re-sent at once",
+    "one_key_flood",
+    warmup=3.0,
+)
 
 
-@attack("Sybil flood", "300 fresh offerer keys keep 48 offers in flight (0.2 s jobs), a refused one re-sent at once")
-@asynccontextmanager
-async def sybils(target: Target) -> AsyncIterator[dict[str, str]]:
-    async with attacker_process("sybil_flood", target, warmup=3.0) as notes:
-        yield notes
+process_attack(
+    "Sybil flood",
+    "300 fresh offerer keys keep 48 offers in flight (0.2 s jobs), a refused one re-sent at once",
+    "sybil_flood",
+    warmup=3.0,
+)
 
 
 # -- running it ---------------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -499,37 +500,18 @@ MSGPACK_BOMB = b"\xdd\x00\x02\x00\x00" * 1000
 FLOOD_CODE = "import time\ntime.sleep(0.2)\nprint(1)"
 
 
-async def _offer_stream(host: object, addr: str, raw: bytes) -> str:
-    """One offer on a stream of its own, as `edgecoder offer --to` sends it; the answer's type or refusal reason."""
-    from libp2p.custom_types import TProtocol
-
-    from mesh.codec import unpack_strict
-    from tests.hardening_support import peer_id
-    from transports.direct import OFFER_PROTOCOL
-    from transports.framing import read_frame, write_frame
-
-    stream = await host.new_stream(peer_id(addr), [TProtocol(OFFER_PROTOCOL)])  # type: ignore[attr-defined]
-    try:
-        await write_frame(stream, raw)
-        answer = unpack_strict(await read_frame(stream, max_len=1 << 20, timeout=60), max_size=1 << 20)
-        return str(answer.get("reason") or answer.get("type"))
-    finally:
-        with trio.move_on_after(1):
-            await stream.close()
-
-
 async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], senders: int) -> None:
     """`senders` offers in flight at all times on one connection, from `keys` in turn; a refused offer is followed
     by the next at once (what the node's budgets must absorb)."""
     import itertools
 
     from mesh.offers import Audience, TaskOffer
-    from tests.hardening_support import attacker_ip, dial_from, peer_id, stock_host
+    from tests.hardening_support import attacker_ip, dial_from, offer_once, peer_id, stock_host
 
     turn = itertools.cycle(keys)
     to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
 
-    async def sender(host: object) -> None:
+    async def sender(host: Any) -> None:
         while True:
             key = next(turn)
             raw = TaskOffer.create(
@@ -540,7 +522,7 @@ async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], sende
             ).sign(key)  # type: ignore[arg-type]
             try:
                 with trio.fail_after(60):
-                    stats[await _offer_stream(host, addr, raw)] += 1
+                    stats[await offer_once(host, addr, raw)] += 1
             except (Exception, trio.TooSlowError):
                 stats["stream failed"] += 1
                 await trio.sleep(0.05)
@@ -571,14 +553,14 @@ async def sybil_flood(addr: str, stats: Counter[str]) -> None:
 @attacker
 async def msgpack_bombs(addr: str, stats: Counter[str]) -> None:
     """A 5 KB msgpack bomb as an offer, about three a second, each on a stream of its own."""
-    from tests.hardening_support import attacker_ip, dial_from, stock_host
+    from tests.hardening_support import attacker_ip, dial_from, offer_once, stock_host
 
     async with stock_host(listen=()) as host:
         await dial_from(host, attacker_ip(0), addr)
         while True:
             try:
                 with trio.fail_after(10):
-                    stats[await _offer_stream(host, addr, MSGPACK_BOMB)] += 1
+                    stats[await offer_once(host, addr, MSGPACK_BOMB)] += 1
             except (Exception, trio.TooSlowError):
                 stats["stream failed"] += 1
             await trio.sleep(1 / 3)

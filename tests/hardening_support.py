@@ -22,6 +22,7 @@ import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost, IMuxedConn, INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -29,7 +30,10 @@ from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE, TYPE_DATA, YAMUX_HEADER
 from libp2p.transport.tcp.tcp import TCP
 from libp2p.transport.upgrader import TransportUpgrader
 
+from mesh.codec import unpack_strict
 from mesh.identity import NodeIdentity
+from transports.direct import OFFER_PROTOCOL
+from transports.framing import read_frame, write_frame
 from transports.hardening import Refusal
 from transports.p2p import noise_only, yamux_only
 
@@ -230,6 +234,18 @@ async def push_past_window(stream: INetStream, total: int, *, frame: int = 65536
 
 def peer_id(maddr: str) -> ID:
     return info_from_p2p_addr(multiaddr.Multiaddr(maddr)).peer_id
+
+
+async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
+    """One offer on a stream of its own, as `edgecoder offer --to` sends it; the answer's type or refusal reason."""
+    stream = await host.new_stream(peer_id(addr), [TProtocol(OFFER_PROTOCOL)])
+    try:
+        await write_frame(stream, raw)
+        answer = unpack_strict(await read_frame(stream, max_len=1 << 20, timeout=60), max_size=1 << 20)
+        return str(answer.get("reason") or answer.get("type"))
+    finally:
+        with trio.move_on_after(1):
+            await stream.close()
 
 
 class NodeProcess:

@@ -25,17 +25,12 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from libp2p.abc import IHost
-from libp2p.custom_types import TProtocol
 
-from mesh.codec import unpack_strict
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from mesh.offers import Audience, TaskOffer
 from mesh.reasons import Reason
-from tests.hardening_support import attacker_ip, connection_from, peer_id, stock_host
-from transports.direct import OFFER_PROTOCOL
-from transports.framing import read_frame, write_frame
+from tests.hardening_support import attacker_ip, connection_from, offer_once, peer_id, stock_host
 
 pytestmark = pytest.mark.docker
 
@@ -77,17 +72,6 @@ async def status(ready: dict[str, Any]) -> dict[str, Any]:
     async with httpx.AsyncClient() as client:
         answer = await client.get(f"{ready['metrics']}/status", timeout=10)
     return dict(answer.json())
-
-
-async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
-    stream = await host.new_stream(peer_id(addr), [TProtocol(OFFER_PROTOCOL)])
-    try:
-        await write_frame(stream, raw)
-        answer = unpack_strict(await read_frame(stream, max_len=1 << 20, timeout=60), max_size=1 << 20)
-        return str(answer.get("reason") or answer.get("type"))
-    finally:
-        with trio.move_on_after(1):
-            await stream.close()
 
 
 async def sybil_flood(addr: str, answers: Counter[str], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

@@ -35,6 +35,10 @@ from simulations.docker_relay import sweep_containers
 from tests.interop.jspeer import interop_problem
 from tests.netns.topology import netns_problem as _probe_netns
 
+# `timings` and `code` for the network-namespace modules (tests/netns/fixtures.py); a module's own fixture of the
+# same name, or a parameter, takes precedence.
+pytest_plugins = ["tests.netns.fixtures"]
+
 # Nodes started by tests (in process or as CLI processes, which inherit it) keep their lock and replay journal
 # in a directory of the test run, never in the developer's ~/.local/state.
 os.environ.setdefault("EDGECODER_STATE_DIR", tempfile.mkdtemp(prefix="edgecoder-test-state-"))

@@ -16,41 +16,17 @@ from typing import Any
 
 import pytest
 
-from simulations.docker_relay import sweep_containers
 from tests.conftest import containers_of
 from tests.netns import Host, NodeProcess, OfferRun, Timings, Topology, make_key, run_offer
+from tests.netns.fixtures import topology
 
 pytestmark = [pytest.mark.netns, pytest.mark.docker, pytest.mark.slow]
-
-SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
 
 
 @pytest.fixture
 def net(docker_api: Any) -> Iterator[Topology]:
-    topology = Topology()
-    try:
-        yield topology
-    finally:
-        try:
-            topology.close()
-        finally:
-            # Nodes stopped with SIGTERM remove their containers; one that had to be SIGKILLed may leave some on
-            # the shared daemon. Its label is its PeerID.
-            sweep_containers([p.peer_id for p in topology.processes if isinstance(p, NodeProcess) and p.is_ready])
-
-
-@pytest.fixture
-def timings(request: pytest.FixtureRequest) -> Iterator[Timings]:
-    recorded = Timings(request.node.name)
-    yield recorded
-    recorded.flush()
-
-
-@pytest.fixture
-def code(tmp_path: Path) -> Path:
-    path = tmp_path / "sum.py"
-    path.write_text(SUM)
-    return path
+    with topology() as built:
+        yield built
 
 
 @dataclass

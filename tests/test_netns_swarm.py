@@ -14,40 +14,19 @@ from typing import Any
 import pytest
 
 from mesh.identity import NodeIdentity
-from simulations.docker_relay import sweep_containers
 from tests.netns import Host, NodeProcess, OfferProcess, OfferRun, Timings, Topology, make_key, run_offer
+from tests.netns.fixtures import topology
 
 pytestmark = [pytest.mark.netns]
 
-SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
 NO_SANDBOX = {"SANDBOX_MODE": "none"}
 PORT = 4001
 
 
 @pytest.fixture
 def net() -> Iterator[Topology]:
-    topology = Topology()
-    try:
-        yield topology
-    finally:
-        try:
-            topology.close()
-        finally:
-            sweep_containers([p.peer_id for p in topology.processes if isinstance(p, NodeProcess) and p.is_ready])
-
-
-@pytest.fixture
-def timings(request: pytest.FixtureRequest) -> Iterator[Timings]:
-    recorded = Timings(request.node.name)
-    yield recorded
-    recorded.flush()
-
-
-@pytest.fixture
-def code(tmp_path: Path) -> Path:
-    path = tmp_path / "sum.py"
-    path.write_text(SUM)
-    return path
+    with topology() as built:
+        yield built
 
 
 def addr_of(host: Host, key: Path, port: int = PORT) -> str:

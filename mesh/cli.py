@@ -271,7 +271,12 @@ def run(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if _debug:
             raise
-        click.echo(f"edgecoder: unexpected error: {type(exc).__name__}: {exc} (run with --debug for details)", err=True)
+        # What went wrong, not the nursery it went wrong in: Trio wraps a task's failure in exception groups.
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+            leaf = leaf.exceptions[0]
+        what = " ".join(f"{type(leaf).__name__}: {leaf}".split())
+        click.echo(f"edgecoder: unexpected error: {what} (run with --debug for details)", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

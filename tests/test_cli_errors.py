@@ -160,6 +160,16 @@ def test_an_unexpected_error_is_one_line_unless_debug(
         cli.run(["--debug", "keygen", "--out", str(tmp_path / "k2")])
     monkeypatch.setattr(cli, "_debug", False)
 
+    def broken_in_a_nursery() -> NodeIdentity:
+        raise ExceptionGroup("Exceptions from Trio nursery", [ExceptionGroup("inner", [OSError("the link\nwent")])])
+
+    monkeypatch.setattr(NodeIdentity, "generate", broken_in_a_nursery)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(["keygen", "--out", str(tmp_path / "k3")])
+    err = capsys.readouterr().err
+    # The failure inside the nurseries, on one line, not the nursery's own wording.
+    assert err.count("\n") == 1 and "unexpected error: OSError: the link went" in err, err
+
 
 def test_a_directory_as_key_is_a_one_line_error(tmp_path: Path) -> None:
     assert_one_line_error(edgecoder("node", "--key", str(tmp_path)), 2, "is a directory")

@@ -227,7 +227,9 @@ class MeshNode:
             p2p,
             low=config.connections_low,
             high=config.connections_high,
-            protected=lambda: {p.peer_id for p in self.bootstrap.peers} | set(self.relay.reserved),
+            protected=lambda: (
+                {p.peer_id for p in self.bootstrap.peers} | set(self.relay.reserved) | self.direct.peers_in_flight()
+            ),
         )
         self.rendezvous = Rendezvous(
             p2p,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class Reason(enum.StrEnum):
@@ -42,9 +43,14 @@ class Reason(enum.StrEnum):
 class Rejection:
     reason: Reason
     detail: str = ""
+    # For a refusal for want of room: when the refusing node will look at this peer's next offer.
+    retry_after_ms: int | None = None
 
-    def to_json(self) -> dict[str, str]:
-        return {"reason": str(self.reason), "detail": self.detail}
+    def to_json(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"reason": str(self.reason), "detail": self.detail}
+        if self.retry_after_ms is not None:
+            shown["retryAfterMs"] = self.retry_after_ms
+        return shown
 
 
 class Rejected(Exception):

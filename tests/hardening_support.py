@@ -236,16 +236,23 @@ def peer_id(maddr: str) -> ID:
     return info_from_p2p_addr(multiaddr.Multiaddr(maddr)).peer_id
 
 
-async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
-    """One offer on a stream of its own, as `edgecoder offer --to` sends it; the answer's type or refusal reason."""
+async def offer_answer(host: IHost, addr: str, raw: bytes) -> dict[str, Any]:
+    """One offer on a stream of its own, as `edgecoder offer --to` sends it; the answer map."""
     stream = await host.new_stream(peer_id(addr), [TProtocol(OFFER_PROTOCOL)])
     try:
         await write_frame(stream, raw)
         answer = unpack_strict(await read_frame(stream, max_len=1 << 20, timeout=60), max_size=1 << 20)
-        return str(answer.get("reason") or answer.get("type"))
+        assert isinstance(answer, dict), answer
+        return answer
     finally:
         with trio.move_on_after(1):
             await stream.close()
+
+
+async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
+    """`offer_answer`'s type or refusal reason."""
+    answer = await offer_answer(host, addr, raw)
+    return str(answer.get("reason") or answer.get("type"))
 
 
 class NodeProcess:

@@ -1,7 +1,8 @@
 """The connection manager keeps the peer count between its watermarks, with real libp2p hosts on loopback.
 
-Above the high watermark it closes the newest unprotected connections; below the low one it dials the peers it was
-told about, and redials a peer it lost; between the two it neither dials (a peer that is not `eager`) nor trims.
+Above the high watermark it closes the newest unprotected connections once their grace period is over; below the low one
+it dials the peers it was told about, and redials a peer it lost; between the two it neither dials (a peer that is not
+`eager`) nor trims.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ async def test_above_the_high_watermark_the_newest_unprotected_connections_are_c
             await peer.connect(hub.addrs[0])
             await until(sees(hub, peer.peer_id), "the hub sees the connection")
         protected = newer[-1].peer_id  # the newest of all, protected (as a bootstrap peer or relay would be)
-        manager = ConnectionManager(hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S)
+        manager = ConnectionManager(
+            hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S, grace_s=0.0
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             await until(lambda: manager.trimmed == 5, "five connections are trimmed")
@@ -57,6 +60,23 @@ async def test_above_the_high_watermark_the_newest_unprotected_connections_are_c
             await manager._balance()
         assert manager.trimmed == 5 and manager.dialled == 0
         assert len(hub.connected_peers()) == 3
+
+
+async def test_connections_in_their_grace_period_are_not_trimmed_until_it_ends() -> None:
+    # Found by tests/test_fairness_node.py: 48 attacker peers connected, then the honest offerer; the trim closed the
+    # newest (the honest one) with its offer in flight. A newcomer now has `grace_s` before it can be trimmed.
+    async with hosts(1) as [hub], hosts(4) as peers:
+        for peer in peers:
+            await peer.connect(hub.addrs[0])
+            await until(sees(hub, peer.peer_id), "the hub sees the connection")
+        manager = ConnectionManager(hub, low=1, high=2, interval_s=INTERVAL_S, grace_s=1.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            began = trio.current_time()
+            await until(lambda: manager.trimmed == 2, "the two newest are trimmed once their grace is over")
+            assert trio.current_time() - began >= 1.0  # not one of them went before its grace period ended
+            assert set(hub.connected_peers()) == {peers[0].peer_id, peers[1].peer_id}
+            nursery.cancel_scope.cancel()
 
 
 async def test_below_the_low_watermark_discovered_peers_are_dialled_and_a_lost_one_redialled() -> None:

@@ -1,8 +1,10 @@
 """A Sybil flood against a real `edgecoder node` process, over real connections: honest offers still get served.
 
-The node runs as a process of its own (two workers, Docker). The attacker is a libp2p host in this process that keeps
-48 offers in flight on one connection, from 300 fresh offerer keys in turn, and sends the next at once whenever one
-is refused. The honest offerer is a `MeshNode` the node trusts (`--trusted-offerer`, the operator's list; a regular
+The node runs as a process of its own (two workers, Docker). The attacker is 48 libp2p hosts in this process, each with
+a connection of its own, that keep 48 offers in flight from 300 fresh offerer keys in turn, each host sending its next
+offer as soon as the node's retry hint allows. (One connection that ignores the hint is held off and then banned by
+`transports.hardening.holdoff`, tests/test_hardening_holdoff.py: only a swarm of peers that each wait as told gets to
+hold the queue.) The honest offerer is a `MeshNode` the node trusts (`--trusted-offerer`, the operator's list; a regular
 offerer is established the same way after ten minutes of use).
 
 First the finding, reproduced: with `--fresh-share 1` (fresh keys may take the whole queue, as every offerer could
@@ -30,14 +32,15 @@ from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from mesh.offers import Audience, TaskOffer
 from mesh.reasons import Reason
-from tests.hardening_support import attacker_ip, connection_from, offer_once, peer_id, stock_host
+from tests.hardening_support import attacker_ip, connection_from, offer_answer, peer_id, stock_host
 
 pytestmark = pytest.mark.docker
 
 SYBIL_KEYS = 300
-IN_FLIGHT = 48
-# The swarm's work holds a worker for a second: long enough that the queue stays full between its runs.
-SYBIL_CODE = "import time\ntime.sleep(1)\nprint(1)"
+PEERS = 48  # offers in flight: one per peer
+# The swarm's work holds a worker for three seconds: long enough that the queue stays full between its runs (a place
+# a run frees stays free only until one of the swarm's waiting peers' retry hints runs out, some tens of ms).
+SYBIL_CODE = "import time\ntime.sleep(3)\nprint(1)"
 HONEST_OFFERS = 5
 
 
@@ -75,24 +78,29 @@ async def status(ready: dict[str, Any]) -> dict[str, Any]:
 
 
 async def sybil_flood(addr: str, answers: Counter[str], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    keys = itertools.cycle([NodeIdentity.generate() for _ in range(SYBIL_KEYS)])
+    """`PEERS` attacker peers, each its own connection from one of four attacker addresses, each sending offers from
+    its share of the fresh keys one at a time, and each waiting as told (`retryAfterMs`) after a refusal for want
+    of room: a swarm that no per-peer hold-off or strike catches, which only the queue's classes hold back."""
+    keys = [NodeIdentity.generate() for _ in range(SYBIL_KEYS)]
     to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
-    async with stock_host(listen=()) as host, connection_from(host, attacker_ip(0), addr):
 
-        async def sender() -> None:
-            while True:
-                key = next(keys)
+    async def attacker_peer(n: int) -> None:
+        async with stock_host(listen=()) as host, connection_from(host, attacker_ip(n % 4), addr):
+            for key in itertools.cycle(keys[n::PEERS]):
                 raw = TaskOffer.create(key, language="python", code=SYBIL_CODE, audience=to_node).sign(key)
                 try:
-                    answers[await offer_once(host, addr, raw)] += 1
+                    answer = await offer_answer(host, addr, raw)
                 except Exception:
                     answers["stream failed"] += 1
                     await trio.sleep(0.05)
+                    continue
+                answers[str(answer.get("reason") or answer.get("type"))] += 1
+                await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(IN_FLIGHT):
-                nursery.start_soon(sender)
-            task_status.started()
+    async with trio.open_nursery() as nursery:
+        for n in range(PEERS):
+            nursery.start_soon(attacker_peer, n)
+        task_status.started()
 
 
 async def wait_for_the_swarm(ready: dict[str, Any], places: int, answers: Counter[str]) -> None:
@@ -129,7 +137,10 @@ async def test_without_the_classes_a_sybil_swarm_takes_the_whole_queue(tmp_path:
         await wait_for_the_swarm(ready, 32, answers)
         outcomes = await honest_offers(ready, honest)
         nursery.cancel_scope.cancel()
-    assert outcomes[str(Reason.BUSY)] == HONEST_OFFERS, outcomes  # the finding: none served
+    # The finding: the honest offers are refused, `busy`, and the ones sent at once after it within its retry hint.
+    # (One may find a place a run has just freed before the swarm refills it: the swarm's peers wait as told.)
+    assert outcomes[str(Reason.BUSY)] >= 1 and outcomes["served"] <= 1, outcomes
+    assert outcomes[str(Reason.BUSY)] + outcomes[str(Reason.RATE_LIMITED)] >= HONEST_OFFERS - 1, outcomes
     assert answers["busy"] > 0
 
 
@@ -144,6 +155,7 @@ async def test_honest_offers_are_served_through_a_sybil_swarm(tmp_path: Path) ->
         nursery.cancel_scope.cancel()
     assert outcomes == Counter({"served": HONEST_OFFERS}), outcomes
     # The swarm was there all along, holding the fresh share and being served within it.
-    assert during["queueFresh"] == during["freshPlaces"] == 16
+    assert during["freshPlaces"] == 16
+    assert during["queueFresh"] >= during["freshPlaces"] - 2  # less only the places its runs just freed
     assert answers["busy"] > 0
     assert during["offersRejected"].get("direct/busy", 0) > 0

@@ -23,6 +23,7 @@ from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wa
 from transports.direct import CLAIM_PROTOCOL, OFFER_PROTOCOL, DirectTransport
 from transports.framing import FrameError, read_frame, write_frame
 from transports.hardening import Defences, PenaltyBox, PenaltyLimits, Refusal
+from transports.hardening.holdoff import BusyHoldoff, HoldoffLimits
 from transports.p2p import DialError, P2PHost, open_host
 
 # -- the state machine -------------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class Server:
 
 
 @asynccontextmanager
-async def server(*, limits: PenaltyLimits | None = None) -> AsyncIterator[Server]:
+async def server(*, limits: PenaltyLimits | None = None, holdoff: BusyHoldoff | None = None) -> AsyncIterator[Server]:
     refusals = RefusalLog()
     defences = Defences(penalties=limits or PenaltyLimits())
     sink, desk = RecordingSink(), FakeDesk()
@@ -109,7 +110,7 @@ async def server(*, limits: PenaltyLimits | None = None) -> AsyncIterator[Server
     ):
         sink.nursery = nursery
         sink.reply_with = b"result"
-        direct = DirectTransport(host, desk, stall_timeout=2.0)
+        direct = DirectTransport(host, desk, stall_timeout=2.0, holdoff=holdoff)
         await nursery.start(direct.run, sink)
         yield Server(host, direct, sink, desk, refusals)
         nursery.cancel_scope.cancel()
@@ -183,10 +184,12 @@ def test_a_peer_sending_invalid_frames_is_cut_off_counted_and_refused_while_an_h
 
 
 def test_refusals_that_are_not_the_peers_fault_cost_it_nothing() -> None:
-    """Unknown offers, a busy node, claims refused: 40 of them and the peer is as welcome as before."""
+    """Unknown offers, a busy node, claims refused: 40 of them and the peer is as welcome as before (it waits as
+    each busy refusal tells it to: one that does not is held off, tests/test_hardening_holdoff.py)."""
 
     async def main() -> None:
-        async with server() as s, open_host(NodeIdentity.generate(), [LOOPBACK]) as client:
+        holdoff = BusyHoldoff(HoldoffLimits(retry_after_s=0.02))
+        async with server(holdoff=holdoff) as s, open_host(NodeIdentity.generate(), [LOOPBACK]) as client:
             s.desk.claim_answer = Rejection(Reason.UNKNOWN_OFFER, "no such offer")
             s.sink.rejection = Rejection(Reason.BUSY, "queue full")
             client_direct = DirectTransport(client, FakeDesk())
@@ -195,6 +198,8 @@ def test_refusals_that_are_not_the_peers_fault_cost_it_nothing() -> None:
                 assert refusal is not None and refusal.reason == Reason.UNKNOWN_OFFER
                 answer = await client_direct.send_offer(s.host.addrs[0], b"offer")
                 assert answer.refusal is not None and answer.refusal.reason == Reason.BUSY
+                assert answer.refusal.retry_after_ms == 20
+                await trio.sleep(answer.refusal.retry_after_ms / 1000)
             assert s.host.penalties.strikes(client.peer_id) == 0.0
             assert client.peer_id in s.host.connected_peers()
 

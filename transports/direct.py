@@ -28,7 +28,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import trio
@@ -40,6 +40,7 @@ from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, OfferSink
 from transports.control import CONTROL_PROTOCOL, ControlChannels, serve_control
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
+from transports.hardening.holdoff import BusyHoldoff
 from transports.hardening.refusals import Refusal
 from transports.p2p import DialError, P2PHost
 
@@ -63,6 +64,11 @@ MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
 MAX_CONTROL_FRAME = 8 * 1024
 # Bounds a write to a peer that stopped reading (its yamux window is full).
 WRITE_TIMEOUT = 5.0
+
+# Refusals for want of room: the peer is told when to try again, and held off until then.
+_NO_ROOM = frozenset({Reason.BUSY, Reason.RATE_LIMITED})
+# A retry hint from a peer is believed up to an hour.
+MAX_RETRY_AFTER_MS = 3_600_000
 
 # A request that ends mid-frame is not a message; an answer that never arrives whole is a failed link.
 _REQUEST_FRAME_REASONS = {
@@ -112,7 +118,10 @@ class ReplyError(Exception):
 
 
 def refusal_message(rejection: Rejection) -> dict[str, Any]:
-    return {"type": "refusal", "reason": str(rejection.reason), "detail": rejection.detail[:512]}
+    message: dict[str, Any] = {"type": "refusal", "reason": str(rejection.reason), "detail": rejection.detail[:512]}
+    if rejection.retry_after_ms is not None:
+        message["retryAfterMs"] = rejection.retry_after_ms  # when this peer's next offer is looked at
+    return message
 
 
 def decode_answer(frame: bytes, expected: str) -> dict[str, Any] | Rejection:
@@ -130,9 +139,12 @@ def checked_answer(answer: Any, expected: str) -> dict[str, Any] | Rejection:
         return Rejection(Reason.MALFORMED, "answer is not a map")
     kind = answer.get("type")
     if kind == "refusal":
-        reason, detail = answer.get("reason"), answer.get("detail", "")
+        reason, detail, retry = answer.get("reason"), answer.get("detail", ""), answer.get("retryAfterMs")
+        retry_ok = isinstance(retry, int) and not isinstance(retry, bool) and 0 < retry <= MAX_RETRY_AFTER_MS
         try:
-            return Rejection(Reason(str(reason)), detail if isinstance(detail, str) else "")
+            return Rejection(
+                Reason(str(reason)), detail if isinstance(detail, str) else "", retry if retry_ok else None
+            )
         except ValueError:
             return Rejection(Reason.MALFORMED, f"peer refused with an unknown reason {str(reason)[:64]!r}")
     if kind != expected:
@@ -222,6 +234,7 @@ class DirectTransport:
         status: Callable[[], dict[str, Any]] | None = None,
         abort: AbortFn | None = None,
         presence: PresenceFn | None = None,
+        holdoff: BusyHoldoff | None = None,
     ) -> None:
         self.host = host
         self.status = status
@@ -235,7 +248,11 @@ class DirectTransport:
         # Refusals we sent, by reason, and handlers currently running (tests prove a stalled one is freed).
         self.refused: Counter[str] = Counter()
         self.active_handlers = 0
+        # Peers with an exchange in progress here, by PeerID: the connection manager does not trim them.
+        self.exchanges: Counter[str] = Counter()
         self.aborted = 0  # jobs cancelled because their offerer stopped waiting
+        # Peers refused for want of room, until their retry hint runs out (transports.hardening.holdoff).
+        self.holdoff = holdoff if holdoff is not None else BusyHoldoff()
         # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;
         # the client methods fall back to a stream per exchange otherwise.
         self.control = ControlChannels(host, max_answer=MAX_CONTROL_FRAME, frame_timeout=stall_timeout)
@@ -280,7 +297,11 @@ class DirectTransport:
                 with trio.move_on_after(WRITE_TIMEOUT):
                     await stream.reset()
                 return
+            peer = _remote_peer(stream)
             self.active_handlers += 1
+            long_lived = serve == self._serve_control  # counted per request instead (`_dispatch`)
+            if not long_lived:
+                self.exchanges[peer] += 1
             try:
                 await serve(stream)
             except Exception:
@@ -289,6 +310,8 @@ class DirectTransport:
                     await stream.reset()
             finally:
                 self.active_handlers -= 1
+                if not long_lived:
+                    self._exchange_ended(peer)
                 await _close(stream)
 
         return handler
@@ -297,6 +320,21 @@ class DirectTransport:
         self.refused[str(rejection.reason)] += 1
         await _send(stream, refusal_message(rejection))
         await self._strike_if_invalid(_remote_peer(stream), rejection)
+
+    async def _refuse_early(self, stream: INetStream, peer: str) -> None:
+        """An offer from a peer still inside its hold-off: refused unparsed and unverified, and a fraction of a
+        strike."""
+        self.host.refusals(Refusal.RETRY_TOO_SOON)
+        rejection = Rejection(
+            Reason.RATE_LIMITED,
+            f"this peer was refused for want of room and sent again within {self.holdoff.retry_after_ms} ms; "
+            "wait retryAfterMs before the next offer",
+            retry_after_ms=max(1, math.ceil(self.holdoff.remaining(peer) * 1000)),
+        )
+        self.refused[str(rejection.reason)] += 1
+        await _send(stream, refusal_message(rejection))
+        if self.host.penalties.strike(peer, self.holdoff.limits.strike_weight):
+            await self.host.cut_off(peer, Refusal.RETRY_IGNORED)
 
     async def _strike_if_invalid(self, peer: str, rejection: Rejection) -> None:
         if rejection.reason in INVALID_INPUT and self.host.penalties.strike(peer):
@@ -310,8 +348,12 @@ class DirectTransport:
             return None
 
     async def _serve_offer(self, stream: INetStream) -> None:
+        peer = _remote_peer(stream)
         raw = await self._read_request(stream, self.max_frame)
         if raw is None:
+            return
+        if self.holdoff.remaining(peer) > 0:  # read all the same, so that the peer's write completes and it hears why
+            await self._refuse_early(stream, peer)
             return
         sink = self.sink
         if sink is None:
@@ -324,6 +366,9 @@ class DirectTransport:
         delivery = Delivery(raw, "direct", sender=_remote_peer(stream), reply=exchange.reply, direct=True)
         verdict = await sink.deliver(delivery)
         if not isinstance(verdict, Admitted):
+            if verdict.reason in _NO_ROOM:
+                self.holdoff.hold(peer)
+                verdict = replace(verdict, retry_after_ms=self.holdoff.retry_after_ms)
             await self._refuse(stream, verdict)
             return
         async with trio.open_nursery() as nursery:
@@ -410,7 +455,23 @@ class DirectTransport:
 
     # -- decisions: the same whether the request came on a stream of its own or on the control stream -----------
 
+    def _exchange_ended(self, peer: str) -> None:
+        self.exchanges[peer] -= 1
+        if self.exchanges[peer] <= 0:
+            del self.exchanges[peer]
+
+    def peers_in_flight(self) -> set[str]:
+        """Peers with an offer, claim, result or status exchange in progress on this node's side."""
+        return set(self.exchanges)
+
     async def _dispatch(self, kind: str, request: dict[str, Any], sender: str) -> dict[str, Any]:
+        self.exchanges[sender] += 1
+        try:
+            return await self._decide(kind, request, sender)
+        finally:
+            self._exchange_ended(sender)
+
+    async def _decide(self, kind: str, request: dict[str, Any], sender: str) -> dict[str, Any]:
         if kind == "claim":
             answer = await self._decide_claim(request, sender)
         elif kind == "result":

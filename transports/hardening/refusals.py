@@ -34,6 +34,9 @@ class Refusal(StrEnum):
     INVALID_GOSSIP = "invalid_gossip"  # its gossip score fell below the graylist threshold: banned and disconnected
     INVALID_FRAMES = "invalid_frames"  # too many invalid direct-stream frames: banned and disconnected
     PEER_BANNED = "peer_banned"  # a connection or stream of a banned peer, refused until its ban ends
+    # Peers refused for want of room (transports.hardening.holdoff)
+    RETRY_TOO_SOON = "retry_too_soon"  # an offer sent before its peer's retry hint ran out: refused unparsed
+    RETRY_IGNORED = "retry_ignored"  # too many of those: banned and disconnected
 
 
 RefusalSink = Callable[[Refusal], None]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -503,7 +504,6 @@ FLOOD_CODE = "import time\ntime.sleep(0.2)\nprint(1)"
 async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], senders: int) -> None:
     """`senders` offers in flight at all times on one connection, from `keys` in turn; a refused offer is followed
     by the next at once (what the node's budgets must absorb)."""
-    import itertools
 
     from mesh.offers import Audience, TaskOffer
     from tests.hardening_support import attacker_ip, dial_from, offer_once, peer_id, stock_host
@@ -551,6 +551,37 @@ async def sybil_flood(addr: str, stats: Counter[str]) -> None:
 
 
 @attacker
+async def polite_sybil_swarm(addr: str, stats: Counter[str]) -> None:
+    """48 peers, each its own key and connection (from four addresses), each sending offers from its share of 300
+    fresh offerer keys one at a time and waiting as each refusal's `retryAfterMs` tells it: nothing per peer to
+    catch, only the queue's classes between it and the honest offerer."""
+    from mesh.identity import NodeIdentity
+    from mesh.offers import Audience, TaskOffer
+    from tests.hardening_support import attacker_ip, connection_from, offer_answer, peer_id, stock_host
+
+    keys = [NodeIdentity.generate() for _ in range(300)]
+    to_node = Audience.direct(peer_id(addr).to_base58())
+
+    async def attacker_peer(n: int) -> None:
+        async with stock_host(listen=()) as host, connection_from(host, attacker_ip(n % 4), addr):
+            for key in itertools.cycle(keys[n::48]):
+                raw = TaskOffer.create(key, language="python", code=FLOOD_CODE, audience=to_node).sign(key)
+                try:
+                    with trio.fail_after(60):
+                        answer = await offer_answer(host, addr, raw)
+                except (Exception, trio.TooSlowError):
+                    stats["stream failed"] += 1
+                    await trio.sleep(0.05)
+                    continue
+                stats[str(answer.get("reason") or answer.get("type"))] += 1
+                await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(48):
+            nursery.start_soon(attacker_peer, n)
+
+
+@attacker
 async def msgpack_bombs(addr: str, stats: Counter[str]) -> None:
     """A 5 KB msgpack bomb as an offer, about three a second, each on a stream of its own."""
     from tests.hardening_support import attacker_ip, dial_from, offer_once, stock_host
@@ -581,6 +612,14 @@ process_attack(
     "Sybil flood",
     "300 fresh offerer keys keep 48 offers in flight (0.2 s jobs), a refused one re-sent at once",
     "sybil_flood",
+    warmup=3.0,
+)
+
+
+process_attack(
+    "polite Sybil swarm",
+    "48 peers with 300 fresh keys, one offer in flight each (0.2 s jobs), each waiting as told after a refusal",
+    "polite_sybil_swarm",
     warmup=3.0,
 )
 

@@ -230,6 +230,7 @@ class MeshNode:
             protected=lambda: (
                 {p.peer_id for p in self.bootstrap.peers} | set(self.relay.reserved) | self.direct.peers_in_flight()
             ),
+            valued=self._established_peer,
         )
         self.rendezvous = Rendezvous(
             p2p,
@@ -369,6 +370,13 @@ class MeshNode:
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
+
+    def _established_peer(self, peer_id: str) -> bool:
+        """A peer whose key is an offerer this node has served (or trusts): trimmed only after every stranger."""
+        try:
+            return self.intake.standing.established(public_key_of_peer_id(peer_id))
+        except ValueError:  # a PeerID of another key type: never an offerer this node served
+            return False
 
     # -- the worker: claim, run, sign, reply -------------------------------------------------------------------
 

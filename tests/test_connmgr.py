@@ -79,6 +79,23 @@ async def test_connections_in_their_grace_period_are_not_trimmed_until_it_ends()
             nursery.cancel_scope.cancel()
 
 
+async def test_valued_peers_are_trimmed_only_after_every_stranger() -> None:
+    # For a node, valued peers are the offerers it has served: a crowd of strangers must not push them out.
+    async with hosts(1) as [hub], hosts(4) as peers:
+        for peer in peers:
+            await peer.connect(hub.addrs[0])
+            await until(sees(hub, peer.peer_id), "the hub sees the connection")
+        valued = peers[-1].peer_id  # the newest, which plain newest-first trimming would close first
+        manager = ConnectionManager(
+            hub, low=1, high=2, interval_s=INTERVAL_S, grace_s=0.0, valued=lambda peer_id: peer_id == valued
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await until(lambda: manager.trimmed == 2, "two connections are trimmed")
+            assert set(hub.connected_peers()) == {peers[0].peer_id, valued}  # the two newest strangers went
+            nursery.cancel_scope.cancel()
+
+
 async def test_below_the_low_watermark_discovered_peers_are_dialled_and_a_lost_one_redialled() -> None:
     async with hosts(1) as [hub], hosts(5) as peers:
         manager = ConnectionManager(hub, low=3, high=8, interval_s=INTERVAL_S)

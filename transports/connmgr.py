@@ -5,9 +5,10 @@ keeper (`transports.bootstrap`) looks after the bootstrap peers themselves. Belo
 known peers it is not connected to (a few at a time, with a backoff per peer that failed); above the high watermark it
 closes the newest connections to peers that are not protected: bootstrap peers, relays we hold a reservation on, peers
 with an exchange in progress (an offer running for them, a claim or result on its way), and peers still in their grace
-period (connected less than `grace_s` ago, as go-libp2p's connection manager does). So a trim never cuts an offer
-mid-way, and a newcomer is not the first to go because a crowd connected before it. py-libp2p's own auto-connector is
-stopped (`transports.p2p`): it dialled everything in the peerstore, with no notion of which peers matter.
+period (connected less than `grace_s` ago, as go-libp2p's connection manager does); `valued` peers (for a node, the
+offerers it has served) go only after every stranger. So a trim never cuts an offer mid-way, and a newcomer is not the
+first to go because a crowd connected before it. py-libp2p's own auto-connector is stopped (`transports.p2p`): it
+dialled everything in the peerstore, with no notion of which peers matter.
 
 State is bounded: at most `max_known` peers are remembered, the least recently heard of forgotten first.
 """
@@ -52,6 +53,7 @@ class ConnectionManager:
         max_known: int = 1000,
         interval_s: float = 2.0,
         grace_s: float = 30.0,
+        valued: Callable[[str], bool] = lambda peer_id: False,
     ) -> None:
         if not 0 <= low <= high:
             raise ValueError("the connection watermarks need 0 <= low <= high")
@@ -62,6 +64,7 @@ class ConnectionManager:
         self.max_known = max_known
         self.interval_s = interval_s
         self.grace_s = grace_s
+        self.valued = valued
         self._since: dict[str, float] = {}  # connected peer -> when a balance first saw it connected
         self.known: OrderedDict[str, _Known] = OrderedDict()
         self._wake = trio.Event()
@@ -145,6 +148,7 @@ class ConnectionManager:
         candidates = [  # newest first (a set would lose the order)
             p for p in reversed(connected) if p not in keep and self._since.get(p, settled) <= settled
         ]
+        candidates.sort(key=self.valued)  # stable: strangers first, then valued peers, each newest first
         for peer_id in candidates[: len(connected) - self.high]:
             await self.host.disconnect(peer_id)
             self.trimmed += 1

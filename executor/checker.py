@@ -31,12 +31,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import structlog
 import trio
 
+from executor import lazylog
 from executor.subset import SubsetViolation
 
-log = structlog.get_logger(__name__)
+log = lazylog.get_logger(__name__)
 
 CHECK_CPU_S = 5
 CHECK_WALL_S = 15.0

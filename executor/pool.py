@@ -22,13 +22,13 @@ from collections import deque
 from itertools import cycle, islice
 from typing import Any
 
-import structlog
 import trio
 
+from executor import lazylog
 from executor.contract import Language, Limits
 from executor.sandbox import DockerSandbox, SandboxUnavailable, StartedContainer
 
-log = structlog.get_logger(__name__)
+log = lazylog.get_logger(__name__)
 
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0

@@ -31,9 +31,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import structlog
 import trio
 
+from executor import lazylog
 from executor.backends import Tier, backend_for, rank, weakest_meeting
 from executor.checker import SubsetChecker
 from executor.contract import (
@@ -47,12 +47,12 @@ from executor.contract import (
     refusal,
 )
 from executor.docker_api import DockerApi
-from executor.host import run_on_host
 from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
 from executor.sandbox import DOCKER_ERRORS, DockerSandbox, PreparedRequest, SandboxHealth, prepare_request
+from executor.subset import SubsetViolation
 
-log = structlog.get_logger(__name__)
+log = lazylog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +141,8 @@ class Executor:
                         # Aborted runs kill their containers (bounded by the kill's own timeout) before the
                         # connections to the daemon close.
                         await executor._all_runs_ended()
+                        if checker is not None:  # nothing is left to check: its exit overlaps the removals
+                            await checker.aclose()
                         for warm in pools.values():
                             await warm.close()
                 # The nursery now waits for the removals still pending.
@@ -201,7 +203,7 @@ class Executor:
         # Hygiene for every run while the policy asks for it: remote offers by default, and the local user until
         # they pass `--no-subset`. Never the boundary: the container is.
         if self.checker is not None:
-            violation = await self.checker.check(request.language, request.code)
+            violation = await self._check_subset(request, tier)
             if violation is not None:
                 where = "" if violation.line is None else f" (line {violation.line})"
                 return refusal(
@@ -215,6 +217,16 @@ class Executor:
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
         return await self._admitted(prepared, limits, tier=tier, spare_warm=spare_warm)
+
+    async def _check_subset(self, request: ExecRequest, tier: Tier | None) -> SubsetViolation | None:
+        """The subset check, while the tier's sandbox asks the daemon whether it is ready (ping, image, runtime):
+        neither waits on the other, and a cold run starts as soon as both have answered. The health check only
+        reads; nothing is created before the check has passed. Its verdict is kept (HEALTH_TTL_S) for the run."""
+        assert self.checker is not None
+        async with trio.open_nursery() as nursery:
+            if tier is not None:
+                nursery.start_soon(self.sandboxes[tier].ensure_ready)
+            return await self.checker.check(request.language, request.code)
 
     def _tier_for(self, minimum: str | None) -> Tier | ExecResult:
         """The weakest offered tier that meets `minimum` and whose canary has not failed, or the refusal."""
@@ -258,6 +270,8 @@ class Executor:
                 if self._closing:
                     run_scope.cancel()
                 if tier is None:
+                    from executor.host import run_on_host  # its subprocess machinery only for --sandbox host
+
                     return await run_on_host(request, limits, self.policy)
                 pool = self.pools[tier]
                 # A run told to spare the last warm ones starts cold (no source); any other asks the pool.

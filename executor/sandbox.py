@@ -31,10 +31,10 @@ from typing import Any, Protocol
 import docker
 import docker.errors
 import requests
-import structlog
 import trio
 
 from executor import canary as canary_probe
+from executor import lazylog
 from executor.backends import SandboxBackend, Tier
 from executor.backends.runc import RuncBackend
 from executor.bootstrap import NOT_PARKED, PARKED, encode_payload, encode_prestart, new_nonce
@@ -53,7 +53,7 @@ from executor.output import FRAME_HEADER, STDOUT, AttachDemuxer
 from executor.owner import OWNER_LABEL, STOPPED_GRACE_S, Owner, this_process
 from executor.policy import ExecutorPolicy
 
-log = structlog.get_logger(__name__)
+log = lazylog.get_logger(__name__)
 
 ROLE_LABEL = "edgecoder.role"
 TIMEOUT_EXIT_CODE = 124

@@ -11,21 +11,21 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
 import trio
 
+from executor import lazylog
 from executor.contract import ExecRequest, ExecResult, Limits
 from executor.policy import ExecutorPolicy
-from mesh.identity import NodeIdentity
 
 if TYPE_CHECKING:
     # mesh.node brings libp2p (half a second): imported by the commands that run a node, never by `exec`.
     from mesh.config import NodeSettings
+    from mesh.identity import NodeIdentity
     from mesh.node import MeshNode, NodeConfig, OfferOutcome
     from transports.base import Transport
     from transports.ble.transport import BleRadio
 
-log = structlog.get_logger("edgecoder.cli")
+log = lazylog.get_logger("edgecoder.cli")
 
 
 @dataclass

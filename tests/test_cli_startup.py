@@ -68,3 +68,23 @@ def test_the_cli_s_copies_of_the_contract_s_constants_agree() -> None:
     from mesh import cli
 
     assert cli.LANGUAGES == LANGUAGES and cli.SANDBOXES == SANDBOXES and cli.TIERS == TIERS
+
+
+def test_the_exec_path_logs_lazily_and_imports_no_asyncio() -> None:
+    """`exec` imports what it runs on (Trio, the Docker SDK) but not structlog, nor the asyncio structlog brings:
+    they are imported at the first log line (executor/lazylog.py), and a run that goes well logs nothing."""
+    probe = "import mesh.commands, executor.runner, sys\n"
+    probe += "print(sorted(m for m in ('structlog', 'asyncio') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_lazy_logger_logs_through_structlog_once_used() -> None:
+    import structlog.testing
+
+    from executor import lazylog
+
+    log = lazylog.get_logger("edgecoder.test")
+    with structlog.testing.capture_logs() as seen:
+        log.warning("lazy.event", detail=1)
+    assert seen == [{"event": "lazy.event", "detail": 1, "log_level": "warning"}]

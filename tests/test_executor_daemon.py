@@ -190,3 +190,22 @@ async def test_docker_calls_never_hold_trios_shared_thread_limiter(
             await ex.run_code(ExecRequest("python", "while True: pass", limits=Limits(timeout_ms=300)))
         nursery.cancel_scope.cancel()
     assert most_borrowed == 0
+
+
+@pytest.mark.docker
+async def test_the_api_version_is_the_daemons_own_without_asking_get_version(
+    docker_api: docker.APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executor speaks the version the daemon says it speaks (GET /_ping's header), not one pinned here, and
+    never pays for GET /version (the daemon runs `runc --version` to answer it)."""
+    from executor.docker_api import DockerApi
+
+    daemon_speaks = docker_api.version(api_version=False)["ApiVersion"]
+    asked: list[object] = []
+    monkeypatch.setattr(docker.APIClient, "version", lambda *args, **kwargs: asked.append(args))
+    line = DockerApi()
+    try:
+        speaks = await line.call(lambda api: api.api_version)
+    finally:
+        line.close()
+    assert (speaks, asked) == (daemon_speaks, [])

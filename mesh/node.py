@@ -232,6 +232,7 @@ class MeshNode:
             ),
             valued=self._established_peer,
         )
+        p2p.value_peers(self._established_peer, self.direct.peers_in_flight)
         self.rendezvous = Rendezvous(
             p2p,
             seeds=self.bootstrap.connected,

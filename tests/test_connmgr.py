@@ -1,6 +1,6 @@
 """The connection manager keeps the peer count between its watermarks, with real libp2p hosts on loopback.
 
-Above the high watermark it closes the newest unprotected connections once their grace period is over; below the low one
+Above the high watermark it closes the newest unprotected connections ; below the low one
 it dials the peers it was told about, and redials a peer it lost; between the two it neither dials (a peer that is not
 `eager`) nor trims.
 """
@@ -45,9 +45,7 @@ async def test_above_the_high_watermark_the_newest_unprotected_connections_are_c
             await peer.connect(hub.addrs[0])
             await until(sees(hub, peer.peer_id), "the hub sees the connection")
         protected = newer[-1].peer_id  # the newest of all, protected (as a bootstrap peer or relay would be)
-        manager = ConnectionManager(
-            hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S, grace_s=0.0
-        )
+        manager = ConnectionManager(hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S)
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             await until(lambda: manager.trimmed == 5, "five connections are trimmed")
@@ -62,23 +60,6 @@ async def test_above_the_high_watermark_the_newest_unprotected_connections_are_c
         assert len(hub.connected_peers()) == 3
 
 
-async def test_connections_in_their_grace_period_are_not_trimmed_until_it_ends() -> None:
-    # Found by tests/test_fairness_node.py: 48 attacker peers connected, then the honest offerer; the trim closed the
-    # newest (the honest one) with its offer in flight. A newcomer now has `grace_s` before it can be trimmed.
-    async with hosts(1) as [hub], hosts(4) as peers:
-        for peer in peers:
-            await peer.connect(hub.addrs[0])
-            await until(sees(hub, peer.peer_id), "the hub sees the connection")
-        manager = ConnectionManager(hub, low=1, high=2, interval_s=INTERVAL_S, grace_s=1.0)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(manager.run)
-            began = trio.current_time()
-            await until(lambda: manager.trimmed == 2, "the two newest are trimmed once their grace is over")
-            assert trio.current_time() - began >= 1.0  # not one of them went before its grace period ended
-            assert set(hub.connected_peers()) == {peers[0].peer_id, peers[1].peer_id}
-            nursery.cancel_scope.cancel()
-
-
 async def test_valued_peers_are_trimmed_only_after_every_stranger() -> None:
     # For a node, valued peers are the offerers it has served: a crowd of strangers must not push them out.
     async with hosts(1) as [hub], hosts(4) as peers:
@@ -86,9 +67,7 @@ async def test_valued_peers_are_trimmed_only_after_every_stranger() -> None:
             await peer.connect(hub.addrs[0])
             await until(sees(hub, peer.peer_id), "the hub sees the connection")
         valued = peers[-1].peer_id  # the newest, which plain newest-first trimming would close first
-        manager = ConnectionManager(
-            hub, low=1, high=2, interval_s=INTERVAL_S, grace_s=0.0, valued=lambda peer_id: peer_id == valued
-        )
+        manager = ConnectionManager(hub, low=1, high=2, interval_s=INTERVAL_S, valued=lambda peer_id: peer_id == valued)
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             await until(lambda: manager.trimmed == 2, "two connections are trimmed")

@@ -73,6 +73,34 @@ def test_established_inbound_connections_are_capped() -> None:
     run_trio(main)
 
 
+def test_a_valued_peer_gets_a_place_when_strangers_hold_them_all() -> None:
+    """Found by bench_attacks' "fresh peers, 231 held": with strangers holding every inbound place, the honest
+    offerer dialling afresh was refused now and then. A valued peer (for a node, an offerer it has served) now
+    gets the place of the newest stranger with nothing in progress; a newcomer who is not valued is refused."""
+
+    async def main() -> None:
+        async with node_with(ConnectionBudget(max_inbound=3)) as (node, refusals), AsyncExitStack() as stack:
+            strangers = await peers(stack, 3)
+            valued, busy_one = await peers(stack, 2)
+            in_progress = {strangers[-1].get_id().to_base58()}  # the newest stranger has an exchange going
+            node.value_peers(lambda peer: peer == valued.get_id().to_base58(), lambda: in_progress)
+            assert [await dial_and_settle(c, node) for c in strangers] == [True, True, True]
+            assert not await dial_and_settle(busy_one, node)  # not valued: refused like anyone
+            assert await dial_and_settle(valued, node)
+            connected = set(node.connected_peers())
+            kept = {strangers[0].get_id().to_base58(), *in_progress, valued.get_id().to_base58()}
+            await wait_until(lambda: set(node.connected_peers()) == kept, what="the middle stranger closed")
+            assert node.host.get_network().evicted == 1  # type: ignore[attr-defined]
+            assert refusals[Refusal.CONNECTION_LIMIT] == 1, connected
+            # With every stranger busy or valued, there is nobody to close: the valued peer is refused too.
+            in_progress.update(p for p in node.connected_peers())
+            second = (await peers(stack, 1))[0]
+            node.value_peers(lambda peer: True, lambda: in_progress)
+            assert not await dial_and_settle(second, node)
+
+    run_trio(main)
+
+
 def test_established_connections_in_total_are_capped() -> None:
     async def main() -> None:
         budget = ConnectionBudget(max_inbound=4, max_outbound=4, total=3)

@@ -4,10 +4,9 @@ Peers are learnt from discovery (mDNS, rendezvous at the seeds) and from the pee
 keeper (`transports.bootstrap`) looks after the bootstrap peers themselves. Below the low watermark the manager dials
 known peers it is not connected to (a few at a time, with a backoff per peer that failed); above the high watermark it
 closes the newest connections to peers that are not protected: bootstrap peers, relays we hold a reservation on, peers
-with an exchange in progress (an offer running for them, a claim or result on its way), and peers still in their grace
-period (connected less than `grace_s` ago, as go-libp2p's connection manager does); `valued` peers (for a node, the
-offerers it has served) go only after every stranger. So a trim never cuts an offer mid-way, and a newcomer is not the
-first to go because a crowd connected before it. py-libp2p's own auto-connector is stopped (`transports.p2p`): it
+with an exchange in progress (an offer running for them, a claim or result on its way); `valued` peers (for a node, the
+offerers it has served) go only after every stranger. So a trim never cuts an offer mid-way, and an offerer the node has
+served is not pushed out by a crowd of strangers. py-libp2p's own auto-connector is stopped (`transports.p2p`): it
 dialled everything in the peerstore, with no notion of which peers matter.
 
 State is bounded: at most `max_known` peers are remembered, the least recently heard of forgotten first.
@@ -52,7 +51,6 @@ class ConnectionManager:
         protected: Callable[[], set[str]] = set,
         max_known: int = 1000,
         interval_s: float = 2.0,
-        grace_s: float = 30.0,
         valued: Callable[[str], bool] = lambda peer_id: False,
     ) -> None:
         if not 0 <= low <= high:
@@ -63,9 +61,7 @@ class ConnectionManager:
         self.protected = protected
         self.max_known = max_known
         self.interval_s = interval_s
-        self.grace_s = grace_s
         self.valued = valued
-        self._since: dict[str, float] = {}  # connected peer -> when a balance first saw it connected
         self.known: OrderedDict[str, _Known] = OrderedDict()
         self._wake = trio.Event()
         self.dialled = 0
@@ -98,8 +94,6 @@ class ConnectionManager:
     async def _balance(self) -> None:
         in_order = self.host.connected_peers()  # oldest first: the swarm's connections dict keeps insertion order
         connected = set(in_order)
-        now = trio.current_time()
-        self._since = {p: self._since.get(p, now) for p in in_order}  # bounded by the connections themselves
         for peer_id in in_order:  # what we are connected to now is worth redialling later (a partition heals)
             if peer_id not in self.known:
                 self.discovered(peer_id, self.host.peer_addrs(peer_id), "connected")
@@ -144,10 +138,7 @@ class ConnectionManager:
 
     async def _trim(self, connected: list[str]) -> None:
         keep = self.protected()
-        settled = trio.current_time() - self.grace_s
-        candidates = [  # newest first (a set would lose the order)
-            p for p in reversed(connected) if p not in keep and self._since.get(p, settled) <= settled
-        ]
+        candidates = [p for p in reversed(connected) if p not in keep]  # newest first (a set would lose the order)
         candidates.sort(key=self.valued)  # stable: strangers first, then valued peers, each newest first
         for peer_id in candidates[: len(connected) - self.high]:
             await self.host.disconnect(peer_id)

@@ -48,6 +48,7 @@ from mesh.identity import NodeIdentity
 from transports.addresses import WILDCARDS, AddressBook, install_circuit_aware_addrs, ip_of, is_circuit, with_peer
 from transports.hardening import (
     Defences,
+    GuardedSwarm,
     PenaltyBox,
     Refusal,
     Refusals,
@@ -301,6 +302,14 @@ class P2PHost:
     def banned(self, peer_id: str) -> bool:
         """Whether `peer_id` is banned for invalid messages (its connections and streams are refused)."""
         return self.penalties.banned(peer_id)
+
+    def value_peers(self, valued: Callable[[str], bool], busy: Callable[[], set[str]]) -> None:
+        """`valued` peers get an inbound place even when strangers hold them all: the newest stranger's connection
+        with nothing in progress (none of `busy`) is closed for them (`GuardedSwarm._make_room_for`)."""
+        swarm = self.host.get_network()
+        if isinstance(swarm, GuardedSwarm):
+            swarm.valued = valued
+            swarm.busy = busy
 
     async def cut_off(self, peer_id: str, reason: Refusal) -> None:
         """Count `reason` and disconnect `peer_id`, whatever task asks (a handler on that very connection included):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -44,6 +45,7 @@ from libp2p.metrics.swarm import SwarmEvent
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.swarm import Swarm
+from libp2p.rcmgr import Direction
 from libp2p.rcmgr.exceptions import ResourceLimitExceeded
 from multiaddr import Multiaddr
 
@@ -52,6 +54,9 @@ from transports.hardening.penalties import PenaltyBox
 from transports.hardening.refusals import Refusal, Refusals
 
 log = logging.getLogger(__name__)
+
+# Closing a stranger's connection to make room: bounded, the valued peer's handshake waits on it.
+EVICT_TIMEOUT = 2.0
 
 # A held socket whose client sends more than this is closed: no handshake opening is this long.
 _HELD_READ_LIMIT = 16 * 1024
@@ -211,6 +216,11 @@ class GuardedSwarm(ConnectionScopedSwarm):
     admission: SourceAdmission
     refusals: Refusals
     penalties: PenaltyBox
+    # Peers worth a place even when the inbound connections are full (for a node: the offerers it has served), and
+    # peers whose connection must not be closed to make one (an exchange in progress). Set by the node.
+    valued: Callable[[str], bool]
+    busy: Callable[[], set[str]]
+    evicted: int
 
     async def add_conn(self, muxed_conn: IMuxedConn, direction: str = "unknown") -> Any:
         peer = muxed_conn.peer_id.to_base58()
@@ -219,7 +229,39 @@ class GuardedSwarm(ConnectionScopedSwarm):
             _release_scope(muxed_conn)
             await _close_quietly(muxed_conn)
             raise PeerBanned(f"peer {peer} is banned for invalid messages")
+        if direction == "inbound" and self._inbound_full() and self.valued(peer):
+            await self._make_room_for(peer)
         return await super().add_conn(muxed_conn, direction)
+
+    def _inbound(self) -> list[Any]:
+        """Established inbound connections, oldest first (the connection table keeps insertion order)."""
+        return [
+            c
+            for conns in self.connections.values()
+            for c in conns
+            if getattr(c, "direction", None) == Direction.INBOUND
+        ]
+
+    def _inbound_full(self) -> bool:
+        lifecycle = getattr(self._resource_manager, "connection_lifecycle", None)
+        limit = getattr(getattr(lifecycle, "limits", None), "max_established_inbound", None)
+        return limit is not None and len(self._inbound()) >= limit
+
+    async def _make_room_for(self, peer: str) -> None:
+        """Close the newest inbound connection of a stranger with nothing in progress, so that a valued peer is not
+        refused because strangers hold every place (a crowd of fresh keys can fill them in seconds, and before
+        this the honest offerer dialling afresh was refused `connection_limit` now and then). No stranger to
+        close: the valued peer is refused like anyone."""
+        keep = self.busy()
+        for conn in reversed(self._inbound()):
+            other = conn.muxed_conn.peer_id.to_base58()
+            if other == peer or other in keep or self.valued(other):
+                continue
+            with trio.CancelScope(shield=True), trio.move_on_after(EVICT_TIMEOUT):
+                await _close_quietly(conn)
+            self.evicted += 1
+            log.info("closed a stranger's connection to make room for %s", peer)
+            return
 
     async def _do_handle_inbound_connection(
         self, read_write_closer: ReadWriteCloser, maddr: Multiaddr, failure_event: SwarmEvent
@@ -285,4 +327,7 @@ def install_guarded_swarm(
     swarm.admission = admission
     swarm.refusals = refusals
     swarm.penalties = penalties or PenaltyBox()
+    swarm.valued = lambda peer: False
+    swarm.busy = set
+    swarm.evicted = 0
     return swarm

@@ -5,7 +5,9 @@
 - `edgecoder --help` and `edgecoder keygen` against `python -c pass` (target: within 3x);
 - `edgecoder exec` of `print(1)` in Docker against `docker run --rm` of the same program with every flag of the
   node's containers (benchmarks/cli_baseline.py builds it; target: within 1.5x);
-- where an `exec` goes: interpreter and imports (`python -X importtime`), then each Docker call of the run.
+- where an `exec` goes: interpreter and imports (`python -X importtime`), then each Docker call of the run;
+- the floor of any Python client of the docker SDK (`sdk_floor.py`: an interpreter that imports only `docker`, then
+  creates, starts, waits for and removes the same container, reading nothing), in the same side-by-side run.
 
 The runs of each pair alternate, so both sides see the same machine; the figures are medians. Nothing here asserts:
 tests never time anything (see the developers' guide).
@@ -14,6 +16,7 @@ tests never time anything (see the developers' guide).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -120,6 +123,33 @@ def exec_phases(code_file: Path) -> list[tuple[str, float]]:
     return phases
 
 
+def sdk_floor_config(policy: object) -> str:
+    """The node's runc container for print(1), as `sdk_floor.py` takes it (JSON)."""
+    import docker
+
+    from executor.backends import backend_for
+    from executor.container_config import SANDBOX_UID_BASE, build_container_config
+    from executor.contract import Limits
+    from executor.policy import ExecutorPolicy
+
+    assert isinstance(policy, ExecutorPolicy)
+    config = build_container_config(
+        policy.clamp(Limits(timeout_ms=5000)), policy, labels={}, uid=SANDBOX_UID_BASE, backend=backend_for("runc")
+    )
+    with docker.APIClient(version="auto") as api:
+        version = api.api_version
+    return json.dumps(
+        {
+            "api_version": version,
+            "image": config["image"],
+            "command": ["python3", "-I", "-S", "-c", "print(1)"],
+            "user": config["user"],
+            "working_dir": config["working_dir"],
+            "host_config": config["host_config"],
+        }
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=15)
@@ -157,8 +187,10 @@ def main() -> None:
 
         code = work / "print1.py"
         code.write_text("print(1)\n")
-        baseline = cli_command(ExecutorPolicy.from_env())
+        policy = ExecutorPolicy.from_env()
+        baseline = cli_command(policy)
         baseline = [*baseline[: baseline.index("python3")], "python3", "-I", "-S", "-c", "print(1)"]
+        floor = [sys.executable, str(HERE / "sdk_floor.py"), sdk_floor_config(policy)]
         exec_medians = side_by_side(
             options.exec_runs,
             {
@@ -166,6 +198,7 @@ def main() -> None:
                 "edgecoder exec print(1) --sandbox docker": lambda: timed(
                     [EDGECODER, "exec", "--language", "python", "--code-file", str(code)]
                 ),
+                "floor: python + the docker SDK alone": lambda: timed(floor),
             },
         )
         print_ratios(

@@ -363,7 +363,7 @@ class DirectTransport:
             await self._refuse(stream, Rejection(Reason.SANDBOX_UNAVAILABLE, "this node is not taking offers"))
             return
         exchange = _OfferExchange(stream)
-        delivery = Delivery(raw, "direct", sender=_remote_peer(stream), reply=exchange.reply, direct=True)
+        delivery = Delivery(raw, "direct", sender=peer, reply=exchange.reply, direct=True)
         verdict = await sink.deliver(delivery)
         if not isinstance(verdict, Admitted):
             if verdict.reason in _NO_ROOM:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import logging
 import os
@@ -45,6 +46,8 @@ from mesh.node import MeshNode, NodeConfig
 DIRECT_TARGET_MS = 30.0
 GOSSIP_TARGET_MS = 60.0
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+# A file name: the mesh process profiles the gossip offers (cProfile) and writes its stats there at the end.
+PROFILE_ENV = "EDGECODER_BENCH_PROFILE"
 
 
 def quiet_logs() -> None:
@@ -63,6 +66,7 @@ async def serve_mesh(nodes: int) -> None:
     from mesh.node import SharedSandbox
 
     policy = ExecutorPolicy(pool_size=2, max_concurrent=2)
+    profiler = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
     rng = random.Random(1)
     async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
         executor = await stack.enter_async_context(Executor.open(policy, node_label="bench-e2e"))
@@ -86,16 +90,27 @@ async def serve_mesh(nodes: int) -> None:
         print(json.dumps({"addr": started[1].addrs[0], "runners": [n.addrs[0] for n in runners]}), flush=True)
         stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
         buffer = b""
+        profiling = profiling_now = False
         while chunk := await stdin.receive_some(4096):
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 if line == b"cpu":
                     answer: Any = time.process_time()
+                    if profiler is not None and profiling:  # the profile covers what the CPU figure covers
+                        profiling_now = not profiling_now
+                        if profiling_now:
+                            profiler.enable()
+                        else:
+                            profiler.disable()
+                elif line == b"profile":  # the gossip path begins (PROFILE_ENV)
+                    answer = profiling = profiler is not None
                 else:  # "ready": the warm pool is full and nothing is being removed
                     stats = executor.stats()
                     answer = stats.pool_ready >= stats.pool_size and not stats.pending_removals
                 print(json.dumps(answer), flush=True)
+        if profiler is not None:
+            profiler.dump_stats(os.environ[PROFILE_ENV])
         nursery.cancel_scope.cancel()
 
 
@@ -170,6 +185,8 @@ async def bench(offers: int, nodes: int) -> dict[str, Any]:
                 samples: list[float] = []
                 cpu_offerer = cpu_mesh = 0.0
                 claims: list[int] = []
+                if path == "gossip":
+                    await mesh.ask("profile")
                 for i in range(offers + 1):
                     await steady(mesh)
                     peer = direct_to if path == "direct" else None

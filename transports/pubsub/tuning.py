@@ -23,6 +23,7 @@ class PubsubTuning:
     buffered_noise: bool = True  # Noise reads its 2-byte length and its body from one 64 KiB socket read
     buffered_reads: bool = True  # pubsub reads each RPC's varint byte by byte: served from one yamux read
     batched_credit: bool = True  # a yamux WINDOW_UPDATE every half window on pubsub streams, not after each read
+    control_reads: bool = True  # control streams (claims, grants, results) read as pubsub's: one buffer, batched credit
     # Pubsub: fewer RPCs, and records not rebuilt for each.
     strip_sender_record: bool = True  # our signed peer record once per stream (the hello), not in every RPC
     cached_addrs: bool = True  # pubsub's view of our addresses recomputed at most once a second
@@ -47,6 +48,7 @@ STOCK = PubsubTuning(
     buffered_noise=False,
     buffered_reads=False,
     batched_credit=False,
+    control_reads=False,
     strip_sender_record=False,
     cached_addrs=False,
     coalesce_writes=False,

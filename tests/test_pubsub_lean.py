@@ -290,17 +290,23 @@ def test_a_lean_host_speaks_noise_through_the_buffered_transport_and_a_stock_one
 
 @settings(max_examples=200, deadline=None)
 @given(
-    adds=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), max_size=300),
+    adds=st.lists(st.tuples(st.integers(-1, 40), st.integers(0, 9)), max_size=300),
     max_ids=st.integers(1, 16),
     max_peers=st.integers(1, 5),
 )
-def test_holders_remember_who_sent_each_of_the_newest_ids_within_their_bounds(
+def test_holders_remember_who_sent_each_of_the_newest_ids_within_their_bounds_until_the_peer_goes(
     adds: list[tuple[int, int]], max_ids: int, max_peers: int
 ) -> None:
     peers = [ID(bytes([0, 1, p])) for p in range(10)]
     holders = Holders(max_ids=max_ids, max_peers=max_peers)
     model: dict[bytes, list[ID]] = {}  # insertion-ordered: the oldest id first
     for i, p in adds:
+        if i < 0:  # the peer is gone
+            holders.forget(peers[p])
+            for held in model.values():
+                if peers[p] in held:
+                    held.remove(peers[p])
+            continue
         mid = bytes([i])
         holders.add(mid, peers[p])
         if mid not in model:
@@ -405,6 +411,8 @@ def test_a_copy_of_an_offer_already_forwarded_is_dropped_before_push_msg_and_its
                 await wait_until(lambda: pubsub.duplicates_dropped >= 1, what="the copy dropped at b")
                 assert pubsub.holders is not None
                 assert ID.from_base58(c.host.peer_id) in pubsub.holders.of(mid)
+                pubsub._handle_dead_peer(ID.from_base58(c.host.peer_id))  # what pubsub does when c goes
+                assert ID.from_base58(c.host.peer_id) not in pubsub.holders.of(mid)
             else:
                 await wait_until(lambda: pushes >= 2, what="the copy at b's push_msg")
             assert b.heard == [raw]  # delivered once either way

@@ -10,7 +10,8 @@ validation"). `LeanPubsub` records a holder for every copy it reads and `LeanGos
 skip holders; nothing on the wire changes.
 
 Bounded: the newest `MAX_IDS` message ids, at most `MAX_PEERS` holders each (a message forwarded is forwarded within
-milliseconds, so recent ids are all that matter; a holder not recorded only costs a duplicate).
+milliseconds, so recent ids are all that matter; a holder not recorded only costs a duplicate). A peer is forgotten
+when pubsub drops it (`LeanPubsub._handle_dead_peer`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class Holders:
                 self._by_id.popitem(last=False)
         elif len(peers) < self.max_peers:
             peers.add(peer)
+
+    def forget(self, peer: ID) -> None:
+        """The peer is gone: a peer that comes back (restarted, its seen cache empty) may ask for them again (IWANT),
+        and an IWANT we leave unanswered counts against us as a broken promise."""
+        for peers in self._by_id.values():
+            peers.discard(peer)
 
     def of(self, msg_id: bytes) -> Collection[ID]:
         return self._by_id.get(msg_id, _NOBODY)

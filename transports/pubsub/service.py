@@ -92,6 +92,11 @@ class LeanPubsub(Pubsub):
             return False  # validated and forwarded already: push_msg would drop it, after a task of its own
         return True
 
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        super()._handle_dead_peer(peer_id)
+        if self.holders is not None:
+            self.holders.forget(peer_id)
+
     def receiving_id(self) -> bytes | None:
         """The id of the message `push_msg` is handling (valid until its validation is over)."""
         msg = self.receiving

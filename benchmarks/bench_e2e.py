@@ -1,12 +1,20 @@
 """Offer → verified result on loopback, direct and by gossip, with the CPU each side spends per offer.
 
-    .venv/bin/python benchmarks/bench_e2e.py [--offers 40] [--nodes 16]
+    .venv/bin/python benchmarks/bench_e2e.py [--offers 40] [--nodes 16] [--mesh-procs 4]
 
-The mesh is a separate process (`--serve-mesh`, started by this script): `--nodes` real nodes on loopback, half of
-them runners sharing one real Docker executor and gate (`NodeConfig.shared_sandbox`), the rest `SANDBOX_MODE=none`
-nodes that only relay; each node dials three earlier ones. The offerer is a node in this process, connected to one
-mesh node. So the two CPU figures are separate processes': the offerer's (this process) and the whole mesh's (the
-other; dockerd's own CPU is in neither).
+The mesh runs in processes of its own (`--serve-mesh-worker`, started by this script): `--nodes` real nodes on
+loopback, half of them runners, the rest `SANDBOX_MODE=none` nodes that only relay; each node dials three random
+earlier ones, whichever process they are in. The nodes are spread over `--mesh-procs` processes (default 4; node i
+in process (i // 2) % procs, so each holds runners and relays alike), and the runners of one process share one real
+Docker executor and gate (`NodeConfig.shared_sandbox`). The offerer is a node in this process, connected to one
+mesh node.
+
+Why several processes: mesh nodes are separate machines. On one Python thread, 16 nodes' share of every offer's
+flood (each node validates and forwards it, and receives ~4 copies) runs in one trio run queue, and every step of
+the invitee's claim, grant and result waits a turn behind it: the figure then measures one thread's saturation, not
+gossip. `--mesh-procs 1` still runs that configuration. The CPU figures are per offer and summed over processes:
+the offerer's (this process) and the whole mesh's (every mesh process; dockerd's own CPU is in neither), the same
+work whatever the split.
 
 - direct: the offerer signs an offer addressed to one runner and sends it on a direct stream; the runner's intake
   verifies it, a warm pooled container runs it, the signed result comes back and is verified;
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import logging
 import os
@@ -42,9 +51,13 @@ from executor.policy import ExecutorPolicy
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 
+# Processes the mesh's nodes are spread over by default (`--mesh-procs`; 1 puts every node on one Python thread).
+MESH_PROCS = 4
 DIRECT_TARGET_MS = 30.0
 GOSSIP_TARGET_MS = 60.0
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+# A file name: the mesh process profiles the gossip offers (cProfile) and writes its stats there at the end.
+PROFILE_ENV = "EDGECODER_BENCH_PROFILE"
 
 
 def quiet_logs() -> None:
@@ -53,64 +66,71 @@ def quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-# -- the mesh process ----------------------------------------------------------------------------------------------
+# -- the mesh processes --------------------------------------------------------------------------------------------
 
 
-async def serve_mesh(nodes: int) -> None:
-    """Start the mesh, print `{"addr": ..., "runners": [...]}`, answer `cpu` and `ready` lines, stop at EOF."""
+async def serve_mesh_worker(label: str) -> None:
+    """One mesh process: answer one JSON line per command line, stop at EOF.
+
+    `{"op": "node", "docker": bool, "peers": [...]}` starts a node dialling `peers` (its runners share this
+    process's one Docker executor and gate, opened with the first) and answers its address; `cpu` answers this
+    process's CPU time; `ready` whether its warm pool is full with nothing being removed (true without runners);
+    `profile` starts profiling (PROFILE_ENV), over the windows between two `cpu` lines from then on."""
     from executor.runner import Executor
     from mesh.gate import SandboxGate
     from mesh.node import SharedSandbox
 
     policy = ExecutorPolicy(pool_size=2, max_concurrent=2)
-    rng = random.Random(1)
+    profiler = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
     async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
-        executor = await stack.enter_async_context(Executor.open(policy, node_label="bench-e2e"))
-        gate = SandboxGate("docker", executor, interval=3600)
-        await nursery.start(gate.run)
-        shared = SharedSandbox(executor, gate)
-        started: list[MeshNode] = []
-        for i in range(nodes):
-            peers = [n.addrs[0] for n in rng.sample(started, min(3, len(started)))]
-            config = NodeConfig(
-                identity=NodeIdentity.generate(),
-                listen=LOOPBACK,
-                peers=peers,
-                sandbox_mode="docker" if i % 2 == 0 else "none",
-                executor_policy=policy,
-                shared_sandbox=shared,
-                mdns=False,
-            )
-            started.append(await stack.enter_async_context(MeshNode.open(config)))
-        runners = [n for n in started if n.config.sandbox_mode == "docker"]
-        print(json.dumps({"addr": started[1].addrs[0], "runners": [n.addrs[0] for n in runners]}), flush=True)
+        executor: Executor | None = None
+        shared: SharedSandbox | None = None
         stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
         buffer = b""
+        profiling = profiling_now = False
         while chunk := await stdin.receive_some(4096):
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
+                answer: Any
                 if line == b"cpu":
-                    answer: Any = time.process_time()
-                else:  # "ready": the warm pool is full and nothing is being removed
-                    stats = executor.stats()
-                    answer = stats.pool_ready >= stats.pool_size and not stats.pending_removals
+                    answer = time.process_time()
+                    if profiler is not None and profiling:  # the profile covers what the CPU figure covers
+                        profiling_now = not profiling_now
+                        if profiling_now:
+                            profiler.enable()
+                        else:
+                            profiler.disable()
+                elif line == b"profile":  # the gossip path begins
+                    answer = profiling = profiler is not None
+                elif line == b"ready":
+                    stats = executor.stats() if executor is not None else None
+                    answer = stats is None or (stats.pool_ready >= stats.pool_size and not stats.pending_removals)
+                else:
+                    command = json.loads(line)
+                    if command["docker"] and shared is None:
+                        executor = await stack.enter_async_context(Executor.open(policy, node_label=label))
+                        gate = SandboxGate("docker", executor, interval=3600)
+                        await nursery.start(gate.run)
+                        shared = SharedSandbox(executor, gate)
+                    config = NodeConfig(
+                        identity=NodeIdentity.generate(),
+                        listen=LOOPBACK,
+                        peers=command["peers"],
+                        sandbox_mode="docker" if command["docker"] else "none",
+                        executor_policy=policy,
+                        shared_sandbox=shared,
+                        mdns=False,
+                    )
+                    node = await stack.enter_async_context(MeshNode.open(config))
+                    answer = node.addrs[0]
                 print(json.dumps(answer), flush=True)
+        if profiler is not None:
+            profiler.dump_stats(f"{os.environ[PROFILE_ENV]}.{label}")
         nursery.cancel_scope.cancel()
 
 
 # -- the offerer (this process) ------------------------------------------------------------------------------------
-
-
-class Mesh:
-    def __init__(self, process: trio.Process, lines: Any) -> None:
-        self.process = process
-        self.lines = lines
-
-    async def ask(self, what: str) -> Any:
-        assert self.process.stdin is not None
-        await self.process.stdin.send_all(what.encode() + b"\n")
-        return json.loads(await self.lines.next())
 
 
 class _Lines:
@@ -122,32 +142,71 @@ class _Lines:
         while b"\n" not in self.buffer:
             chunk = await self.stream.receive_some(65536)
             if not chunk:
-                raise RuntimeError("the mesh process ended")
+                raise RuntimeError("a mesh process ended")
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode()
 
 
+class Worker:
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.lines = _Lines(process.stdout)
+
+    async def ask(self, what: str) -> Any:
+        assert self.process.stdin is not None
+        await self.process.stdin.send_all(what.encode() + b"\n")
+        return json.loads(await self.lines.next())
+
+
+class Mesh:
+    """The mesh's processes, asked as one: `cpu` is their CPU time summed, `ready` true when every one is."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    async def ask(self, what: str) -> Any:
+        answers = [await w.ask(what) for w in self.workers]
+        if what == "cpu":
+            return sum(answers)
+        return all(answers)
+
+
 @contextlib.asynccontextmanager
-async def mesh_process(nodes: int) -> AsyncIterator[tuple[Mesh, dict[str, Any]]]:
-    process = await trio.lowlevel.open_process(
-        [sys.executable, __file__, "--serve-mesh", str(nodes)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+async def mesh_process(nodes: int, procs: int = 1) -> AsyncIterator[tuple[Mesh, dict[str, Any]]]:
+    """`nodes` nodes over `procs` processes: node i (a runner when i is even) dials three random earlier nodes,
+    whichever process they are in, and lives in process (i // 2) % procs, so that each process holds runners and
+    relays alike. Yields the mesh and `{"addr": node 1's address, "runners": [...]}`."""
+    workers: list[Worker] = []
     try:
-        lines = _Lines(process.stdout)
+        for k in range(procs):
+            process = await trio.lowlevel.open_process(
+                [sys.executable, __file__, "--serve-mesh-worker", f"bench-e2e-{k}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+            workers.append(Worker(process))
+        rng = random.Random(1)
+        addrs: list[str] = []
+        runners: list[str] = []
         with trio.fail_after(120):
-            info = json.loads(await lines.next())
-        yield Mesh(process, lines), info
+            for i in range(nodes):
+                peers = rng.sample(addrs, min(3, len(addrs)))
+                command = json.dumps({"op": "node", "docker": i % 2 == 0, "peers": peers})
+                addrs.append(await workers[(i // 2) % procs].ask(command))
+                if i % 2 == 0:
+                    runners.append(addrs[-1])
+        yield Mesh(workers), {"addr": addrs[1], "runners": runners}
     finally:
-        if process.stdin is not None:
-            await process.stdin.aclose()
-        with trio.move_on_after(20):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
+        for worker in workers:
+            if worker.process.stdin is not None:
+                await worker.process.stdin.aclose()
+        for worker in workers:
+            with trio.move_on_after(20):
+                await worker.process.wait()
+            if worker.process.returncode is None:
+                worker.process.kill()
 
 
 async def steady(mesh: Mesh) -> None:
@@ -157,9 +216,9 @@ async def steady(mesh: Mesh) -> None:
     await trio.sleep(0.25)  # and under the intake's per-offerer rate (5/s): not what we measure
 
 
-async def bench(offers: int, nodes: int) -> dict[str, Any]:
+async def bench(offers: int, nodes: int, procs: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    async with mesh_process(nodes) as (mesh, info):
+    async with mesh_process(nodes, procs) as (mesh, info):
         config = NodeConfig(
             identity=NodeIdentity.generate(), listen=LOOPBACK, peers=[info["addr"]], sandbox_mode="none"
         )
@@ -170,6 +229,8 @@ async def bench(offers: int, nodes: int) -> dict[str, Any]:
                 samples: list[float] = []
                 cpu_offerer = cpu_mesh = 0.0
                 claims: list[int] = []
+                if path == "gossip":
+                    await mesh.ask("profile")
                 for i in range(offers + 1):
                     await steady(mesh)
                     peer = direct_to if path == "direct" else None
@@ -204,15 +265,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--offers", type=int, default=40)
     parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--serve-mesh", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--mesh-procs", type=int, default=MESH_PROCS, help="processes the mesh's nodes share")
+    parser.add_argument("--serve-mesh-worker", metavar="LABEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     quiet_logs()  # a log line per offer on the terminal would be measured too
-    if args.serve_mesh is not None:
-        trio.run(serve_mesh, args.serve_mesh)
+    if args.serve_mesh_worker is not None:
+        trio.run(serve_mesh_worker, args.serve_mesh_worker)
         return
-    figures = trio.run(bench, args.offers, args.nodes)
+    procs = max(1, min(args.mesh_procs, (args.nodes + 1) // 2))  # two nodes (a runner and a relay) each at least
+    figures = trio.run(bench, args.offers, args.nodes, procs)
     cli = percentiles(bench_cli(ExecutorPolicy.from_env(), args.offers))
-    print(f"offer → verified result, trivial Python task, {args.offers} offers per path, mesh of {args.nodes} nodes")
+    print(
+        f"offer → verified result, trivial Python task, {args.offers} offers per path, "
+        f"mesh of {args.nodes} nodes in {procs} process{'es' if procs > 1 else ''}"
+    )
     print_figures(
         {
             "mesh, direct offer": figures["direct"]["p50_p95"],
@@ -223,7 +289,7 @@ def main() -> None:
     for path in ("direct", "gossip"):
         f = figures[path]
         print(
-            f"{path:<7} CPU per offer: offerer {f['cpu_offerer_ms']:.1f} ms, mesh process {f['cpu_mesh_ms']:.1f} ms"
+            f"{path:<7} CPU per offer: offerer {f['cpu_offerer_ms']:.1f} ms, mesh processes {f['cpu_mesh_ms']:.1f} ms"
             + (f"; claim requests per offer {f['claims_mean']:.1f}" if path == "gossip" else "")
         )
     direct_p50, gossip_p50 = figures["direct"]["p50_p95"][0], figures["gossip"]["p50_p95"][0]

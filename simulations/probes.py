@@ -11,13 +11,15 @@ in the same process are untouched):
   the gate was open when it started and whether any code actually executed (an exit code) or Docker failed it.
 - `SendCounter` counts every RPC pubsub sends, and classifies what each carries. Queued RPCs (publishes, control
   messages, IWANT answers, subscriptions) are counted as the per-peer sender takes them from its queue (it wraps the
-  queue's `pop` when pubsub starts a sender), whatever the sender does with them next: py-libp2p's writes each
-  with `write_msg`, ours (`transports.pubsub.service.LeanPubsub`) coalesces them into one write and never calls
-  it. The few RPCs the router writes straight to a stream (`write_msg` outside a sender: messages held for a peer
-  still being identified, recent messages replayed to a new subscriber) are counted there.
-- `ReceiveCounter` wraps `pubsub.push_msg`, which pubsub calls for every message of a subscribed topic that arrives
-  in an RPC (eager pushes and IWANT answers alike), before its seen-cache check: it counts every copy of every offer
-  each node receives, duplicates included, whichever way the sender wrote them.
+  queue's `pop` when pubsub starts a sender): py-libp2p's sender writes each with `write_msg`. Ours
+  (`transports.pubsub.service.LeanPubsub`) coalesces them into one write and never calls it, and leaves out the
+  messages the peer sent us: its RPCs are counted as it encodes them (`_encode_into`), after that trim. The few
+  RPCs the router writes straight to a stream (`write_msg` outside a sender: messages held for a peer still being
+  identified, recent messages replayed to a new subscriber) are counted there.
+- `ReceiveCounter` wraps `pubsub._is_subscribed_to_msg`, which pubsub's reader asks for every message that arrives
+  in an RPC from a peer (eager pushes and IWANT answers alike), before anything else (our own publishes never pass
+  there): it counts every copy of every offer each node receives, duplicates included, whichever way the sender
+  wrote them. (`push_msg` no longer sees every copy: `LeanPubsub` drops copies of forwarded messages before it.)
 """
 
 from __future__ import annotations
@@ -158,6 +160,18 @@ class SendCounter:
         senders: set[Any] = set()  # the sender tasks: their write_msg calls are counted at the queue
         start_sender = pubsub.handle_sending_messages
         write = pubsub.write_msg
+        # Our coalescing sender encodes each RPC it pops with `_encode_into`, which leaves out what the peer sent us
+        # (`skip_holders`): what it encodes is what goes on the wire, so that is what is counted.
+        encode = getattr(pubsub, "_encode_into", None) if getattr(pubsub, "coalesce_writes", False) else None
+        if encode is not None:
+
+            def counted_encode(parts: list[bytes], peer_id: Any, rpc: Any) -> int:
+                size = int(encode(parts, peer_id, rpc))
+                if size:
+                    self._count(rpc)
+                return size
+
+            pubsub._encode_into = counted_encode
 
         async def handle_sending_messages(peer_id: Any, stream: Any, queue: Any) -> None:
             pop = queue.pop
@@ -168,7 +182,8 @@ class SendCounter:
                     self._count(rpc)
                 return rpc
 
-            queue.pop = counted_pop
+            if encode is None:
+                queue.pop = counted_pop
             task = trio.lowlevel.current_task()
             senders.add(task)
             try:
@@ -224,16 +239,15 @@ class ReceiveCounter:
 
     def watch(self, node: MeshNode) -> None:
         pubsub = node.gossip.pubsub
-        original = pubsub.push_msg
-        me = pubsub.my_id
+        original = pubsub._is_subscribed_to_msg
         peer_id = node.peer_id
 
-        async def push_msg(msg_forwarder: Any, msg: Any) -> None:
-            if msg_forwarder != me and OFFERS_TOPIC in msg.topicIDs:
+        def subscribed(msg: Any) -> bool:
+            if OFFERS_TOPIC in msg.topicIDs:
                 self.copies[hashlib.sha256(msg.data).digest()][peer_id] += 1
-            await original(msg_forwarder, msg)
+            return bool(original(msg))
 
-        pubsub.push_msg = push_msg  # type: ignore[method-assign]
+        pubsub._is_subscribed_to_msg = subscribed  # type: ignore[method-assign]
 
 
 def mesh_hops(nodes: list[MeshNode], publisher: MeshNode) -> dict[str, int]:

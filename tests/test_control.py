@@ -5,12 +5,15 @@ not speak it."""
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.peer.id import ID
+from libp2p.stream_muxer.yamux.yamux import TYPE_WINDOW_UPDATE, YAMUX_HEADER_FORMAT
 
 from mesh.codec import pack, unpack_strict
 from mesh.identity import NodeIdentity
@@ -20,6 +23,7 @@ from transports.control import CONTROL_PROTOCOL
 from transports.direct import MAX_CONTROL_FRAME, DirectTransport
 from transports.framing import read_frame, write_frame
 from transports.p2p import P2PHost, open_host
+from transports.pubsub import LEAN, STOCK, PubsubTuning
 
 OFFER_ID = b"\x01" * 16
 
@@ -36,12 +40,12 @@ class Pair:
 
 
 @asynccontextmanager
-async def pair() -> AsyncIterator[Pair]:
+async def pair(tuning: PubsubTuning = LEAN) -> AsyncIterator[Pair]:
     desk = FakeDesk()
     statuses = itertools.count()
     async with (
-        open_host(NodeIdentity.generate(), [LOOPBACK]) as server,
-        open_host(NodeIdentity.generate(), [LOOPBACK]) as client,
+        open_host(NodeIdentity.generate(), [LOOPBACK], tuning=tuning) as server,
+        open_host(NodeIdentity.generate(), [LOOPBACK], tuning=tuning) as client,
         trio.open_nursery() as nursery,
     ):
         pushed: list[tuple[str, dict[str, Any]]] = []
@@ -76,6 +80,38 @@ def test_every_kind_of_request_travels_on_one_stream() -> None:
             assert p.client_direct.control.opened == 1
             assert len(p.desk.claims) == 5 and p.desk.results == [(b"signed result", p.client.peer_id)] * 5
             assert p.server_direct.active_handlers == 1  # the control stream's handler, and no other stream
+
+    run_trio(main)
+
+
+def test_both_ends_read_a_lean_control_stream_without_returning_credit_after_each_frame() -> None:
+    """Buffered reads with half-window credit (`PubsubTuning.control_reads`): 20 exchanges move a few KB, under half a
+    window, so neither end sends a WINDOW_UPDATE; a stock stream credits after nearly every read, on both ends."""
+
+    async def updates(tuning: PubsubTuning) -> int:
+        async with pair(tuning) as p:
+            peer = p.server.peer_id
+            assert await p.client_direct.request_claim(peer, OFFER_ID) is None  # the stream is open
+            seen = [0]
+            for host, other in ((p.server, p.client), (p.client, p.server)):
+                conn = host.host.get_network().get_connections(ID.from_base58(other.peer_id))[0].muxed_conn
+                write_frame = conn._write_frame  # type: ignore[attr-defined]
+
+                async def counting(data: bytes, write_frame: Any = write_frame) -> None:
+                    if struct.unpack(YAMUX_HEADER_FORMAT, data[:12])[1] == TYPE_WINDOW_UPDATE:
+                        seen[0] += 1
+                    await write_frame(data)
+
+                conn._write_frame = counting  # type: ignore[attr-defined]
+            for _ in range(10):
+                assert await p.client_direct.request_claim(peer, OFFER_ID) is None
+                assert await p.client_direct.send_result(peer, b"signed result") is None
+            assert p.client_direct.control.opened == 1
+            return seen[0]
+
+    async def main() -> None:
+        assert await updates(LEAN) == 0
+        assert await updates(STOCK) >= 20
 
     run_trio(main)
 

@@ -5,6 +5,7 @@ pubsub). The CPU it saves is measured by benchmarks/bench_pubsub.py, not here.""
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.stream_muxer.yamux.yamux import TYPE_WINDOW_UPDATE, YAMUX_HEADER_FORMAT
 from libp2p.utils import encode_varint_prefixed
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
@@ -24,8 +26,16 @@ from mesh.identity import NodeIdentity
 from simulations.probes import SendCounter
 from tests.pubsub_support import GossipNode, gossip_node, make_offer
 from tests.test_p2p_fakes import run_trio, wait_until
-from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
-from transports.pubsub import LEAN, STOCK, BufferedNoiseTransport, CachedAddrsHost, LeanPubsub, PubsubTuning
+from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC, message_id
+from transports.pubsub import (
+    LEAN,
+    STOCK,
+    BufferedNoiseTransport,
+    CachedAddrsHost,
+    Holders,
+    LeanPubsub,
+    PubsubTuning,
+)
 from transports.pubsub.reads import BufferedRawConnection, BufferedReader
 from transports.pubsub.router import LeanGossipSub, trim_delivery_history
 from transports.pubsub.tuning import IDONTWANT_THRESHOLD
@@ -271,5 +281,173 @@ def test_a_lean_host_speaks_noise_through_the_buffered_transport_and_a_stock_one
                 transports = list(upgrader.security_multistream.transports.values())
                 assert [isinstance(t, BufferedNoiseTransport) for t in transports] == [expected]
                 assert isinstance(node.gossip.pubsub, LeanPubsub) is expected
+
+    run_trio(main)
+
+
+# -- duplicates: dropped before pubsub's task, and never sent back to the peer that sent them ----------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    adds=st.lists(st.tuples(st.integers(-1, 40), st.integers(0, 9)), max_size=300),
+    max_ids=st.integers(1, 16),
+    max_peers=st.integers(1, 5),
+)
+def test_holders_remember_who_sent_each_of_the_newest_ids_within_their_bounds_until_the_peer_goes(
+    adds: list[tuple[int, int]], max_ids: int, max_peers: int
+) -> None:
+    peers = [ID(bytes([0, 1, p])) for p in range(10)]
+    holders = Holders(max_ids=max_ids, max_peers=max_peers)
+    model: dict[bytes, list[ID]] = {}  # insertion-ordered: the oldest id first
+    for i, p in adds:
+        if i < 0:  # the peer is gone
+            holders.forget(peers[p])
+            for held in model.values():
+                if peers[p] in held:
+                    held.remove(peers[p])
+            continue
+        mid = bytes([i])
+        holders.add(mid, peers[p])
+        if mid not in model:
+            model[mid] = [peers[p]]
+            if len(model) > max_ids:
+                del model[next(iter(model))]
+        elif peers[p] not in model[mid] and len(model[mid]) < max_peers:
+            model[mid].append(peers[p])
+    assert len(holders) == len(model) <= max_ids
+    for i in range(41):
+        mid = bytes([i])
+        assert set(holders.of(mid)) == set(model.get(mid, []))
+        assert len(holders.of(mid)) <= max_peers
+
+
+def _offer_message(identity: NodeIdentity, i: int) -> rpc_pb2.Message:
+    return rpc_pb2.Message(data=make_offer(identity, i), topicIDs=[OFFERS_TOPIC], seqno=i.to_bytes(8, "big"))
+
+
+def test_the_sender_leaves_out_what_the_peer_sent_us_and_writes_nothing_when_that_is_all() -> None:
+    class Network:
+        def register_notifee(self, notifee: Any) -> None: ...
+
+    class Host:
+        def get_network(self) -> Network:
+            return Network()
+
+        def set_stream_handler(self, protocol: Any, handler: Any) -> None: ...
+
+        def get_private_key(self) -> Any:
+            return None
+
+    holder, other = (ID(NodeIdentity.generate().libp2p_keypair().public_key.serialize()) for _ in range(2))
+    router = GossipSub(protocols=[], degree=6, degree_low=4, degree_high=12)
+    pubsub = LeanPubsub(Host(), router, msg_id_constructor=message_id)  # type: ignore[arg-type]
+    identity = NodeIdentity.generate()
+    held, fresh = _offer_message(identity, 1), _offer_message(identity, 2)
+    assert pubsub.holders is not None
+    pubsub.holders.add(message_id(held), holder)
+
+    def encoded(peer: ID, *msgs: rpc_pb2.Message) -> list[rpc_pb2.RPC]:
+        parts: list[bytes] = []
+        size = pubsub._encode_into(parts, peer, rpc_pb2.RPC(publish=list(msgs)))
+        assert size == sum(len(p) for p in parts)
+        out = []
+        for part in parts:
+            rpc = rpc_pb2.RPC()
+            rpc.ParseFromString(part[_varint_len(part) :])  # each part is one varint-prefixed RPC
+            out.append(rpc)
+        return out
+
+    assert [list(r.publish) for r in encoded(holder, held, fresh)] == [[fresh]]
+    assert encoded(holder, held) == []  # all of it held: nothing is written
+    assert [list(r.publish) for r in encoded(other, held, fresh)] == [[held, fresh]]
+    assert pubsub.held_skipped == 2
+
+
+def _varint_len(data: bytes) -> int:
+    n = 0
+    while data[n] & 0x80:
+        n += 1
+    return n + 1
+
+
+@asynccontextmanager
+async def line(tuning: PubsubTuning) -> AsyncIterator[tuple[GossipNode, GossipNode, GossipNode]]:
+    """a - b - c, meshed: b is the only path between a and c."""
+    async with gossip_node(tuning=tuning) as a, gossip_node(tuning=tuning) as b, gossip_node(tuning=tuning) as c:
+        await a.host.connect(b.addr)
+        await c.host.connect(b.addr)
+        await wait_until(
+            lambda: all(y.host.peer_id in x.gossip.mesh_peers() for x, y in ((a, b), (b, a), (c, b), (b, c))),
+            what="the mesh a - b - c",
+        )
+        yield a, b, c
+
+
+def test_a_copy_of_an_offer_already_forwarded_is_dropped_before_push_msg_and_its_sender_noted() -> None:
+    async def pushes_of_one_offer_and_a_copy(tuning: PubsubTuning) -> int:
+        async with line(tuning) as (a, b, c):
+            raw = make_offer(a.identity, 0)
+            mid = hashlib.sha256(raw).digest()
+            pubsub: Any = b.gossip.pubsub
+            push = pubsub.push_msg
+            pushes = 0
+
+            async def counted(forwarder: ID, msg: rpc_pb2.Message) -> None:
+                nonlocal pushes
+                if bytes(msg.data) == raw:
+                    pushes += 1
+                await push(forwarder, msg)
+
+            pubsub.push_msg = counted
+            assert await a.gossip.publish_offer(raw) is None
+            await wait_until(lambda: raw in c.heard, what="the offer at c, through b")
+            # c sends b the very message b forwarded to it: a copy b has seen.
+            copy = c.gossip.router.mcache.get(mid)
+            assert copy is not None
+            stream = c.gossip.pubsub.peers[ID.from_base58(b.host.peer_id)]
+            await stream.write(encode_varint_prefixed(rpc_pb2.RPC(publish=[copy]).SerializeToString()))
+            if isinstance(pubsub, LeanPubsub):
+                await wait_until(lambda: pubsub.duplicates_dropped >= 1, what="the copy dropped at b")
+                assert pubsub.holders is not None
+                assert ID.from_base58(c.host.peer_id) in pubsub.holders.of(mid)
+                pubsub._handle_dead_peer(ID.from_base58(c.host.peer_id))  # what pubsub does when c goes
+                assert ID.from_base58(c.host.peer_id) not in pubsub.holders.of(mid)
+            else:
+                await wait_until(lambda: pushes >= 2, what="the copy at b's push_msg")
+            assert b.heard == [raw]  # delivered once either way
+            return pushes
+
+    async def main() -> None:
+        assert await pushes_of_one_offer_and_a_copy(LEAN) == 1
+        assert await pushes_of_one_offer_and_a_copy(STOCK) == 2
+
+    run_trio(main)
+
+
+def test_a_new_offer_is_not_forwarded_to_a_peer_known_to_have_it() -> None:
+    async def main() -> None:
+        async with line(LEAN) as (a, b, c):
+            c_id = ID.from_base58(c.host.peer_id)
+            held, fresh = make_offer(a.identity, 1), make_offer(a.identity, 2)
+            pubsub = b.gossip.pubsub
+            assert isinstance(pubsub, LeanPubsub) and pubsub.holders is not None
+            # As if c's copy of `held` had reached b first (they race in a real mesh; here it is made so).
+            pubsub.holders.add(hashlib.sha256(held).digest(), c_id)
+            sent: list[tuple[ID, bytes]] = []
+            send_rpc = b.gossip.router.send_rpc
+
+            def recorded(peer_id: ID, rpc: rpc_pb2.RPC, priority: bool = False) -> None:
+                sent.extend((peer_id, bytes(m.data)) for m in rpc.publish)
+                send_rpc(peer_id, rpc, priority)
+
+            b.gossip.router.send_rpc = recorded  # type: ignore[method-assign]
+            for raw in (held, fresh):
+                assert await a.gossip.publish_offer(raw) is None
+            # b forwards an offer in the same step as it validates it, before it delivers it.
+            await wait_until(lambda: {held, fresh} <= set(b.heard), what="both offers at b")
+            assert (c_id, fresh) in sent
+            assert [peer for peer, data in sent if data == held] == []  # a sent it, c has it: nobody is left
+            await wait_until(lambda: fresh in c.heard, what="the fresh offer at c")
 
     run_trio(main)

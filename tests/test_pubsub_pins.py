@@ -163,6 +163,48 @@ def test_the_sender_is_one_task_per_peer_given_its_stream_and_queue() -> None:
     assert "self._handle_dead_peer(peer_id)" in inspect.getsource(Pubsub.write_msg)
 
 
+# -- duplicates dropped early and holders skipped (service.LeanPubsub, service.ForwarderNotingReader, holders) --
+
+
+def test_the_reader_asks_is_subscribed_for_each_message_right_before_its_push_msg_task() -> None:
+    src = inspect.getsource(Pubsub.continuously_read_stream)
+    loop = src.split("for msg in rpc_incoming.publish:")[1].split("if rpc_incoming.subscriptions:")[0]
+    assert loop.index("if not self._is_subscribed_to_msg(msg):") < loop.index(
+        "self.manager.run_task(self.push_msg, peer_id, msg)"
+    )
+    assert "await " not in loop
+    assert src.count("_is_subscribed_to_msg") == 1  # nobody else asks: answering no only skips this message
+
+
+def test_no_checkpoint_lies_between_the_readers_last_read_and_its_messages() -> None:
+    """`ForwarderNotingReader` notes the peer at each read; `_is_subscribed_to_msg` must still see that peer."""
+    src = inspect.getsource(Pubsub.continuously_read_stream)
+    after_read = src.split("await read_varint_prefixed_bytes_limited(")[1].split("if rpc_incoming.subscriptions:")[0]
+    assert "await " not in after_read
+    assert not inspect.iscoroutinefunction(maybe_consume_signed_record)
+    assert src.index("peer_id = stream.muxed_conn.peer_id") < src.index("read_varint_prefixed_bytes_limited(")
+
+
+def test_push_msg_drops_a_seen_copy_first_thing_and_marks_a_message_seen_only_once_valid() -> None:
+    """A seen copy is dropped after the blacklist checks alone (nothing counted, nothing awaited): answering no for
+    it earlier changes nothing but the task. Seen means validated: a copy of a message still being validated is
+    not dropped early."""
+    src = inspect.getsource(Pubsub.push_msg).split('"""', 2)[2]
+    before_seen = src.split("if self._is_msg_seen(msg):")[0]
+    assert "await " not in before_seen and "scorer" not in before_seen
+    assert src.split("if self._is_msg_seen(msg):")[1].lstrip().startswith("return")
+    assert src.index("await self.validate_msg(") < src.index("self._mark_msg_seen(msg)")
+    assert src.index("self._mark_msg_seen(msg)") < src.index("await self.router.publish(")
+    assert "self._mark_msg_seen(" not in inspect.getsource(Pubsub.publish)  # our own go through push_msg too
+
+
+def test_gossipsub_forwards_to_the_peers_of_get_peers_to_send_given_the_message_id() -> None:
+    src = inspect.getsource(GossipSub.publish)
+    assert "peers_gen = self._get_peers_to_send(" in src and "msg_id=msg_id," in src
+    assert "for peer_id in peers_gen:" in src
+    assert inspect.isgeneratorfunction(GossipSub._get_peers_to_send)
+
+
 # -- half-window credit (reads.batch_credit) --------------------------------------------------------------------
 
 

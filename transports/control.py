@@ -19,6 +19,11 @@ them. A control stream that fails (the connection dropped, a malformed answer) f
 `unreachable` and is opened afresh by the next request.
 
 Direct offers keep their own stream: its end is how an offerer that stops waiting aborts the run.
+
+Both ends read a control stream as pubsub streams are read (`PubsubTuning.control_reads`, `buffered`): through one
+buffer, so that a frame (a 1-byte read, the rest of its length, its body) is one read of what yamux holds instead of
+three, each taking yamux's locks (a scheduler turn each), and with yamux credit returned every half window instead of
+a WINDOW_UPDATE after nearly every read. A claim and its grant cross a busy node in fewer turns.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from mesh.codec import pack, unpack_strict
 from mesh.reasons import Reason, Rejected, Rejection
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
 from transports.p2p import DialError, P2PHost
+from transports.pubsub.reads import BufferedReader, batch_credit
+from transports.pubsub.tuning import PubsubTuning
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,15 @@ WRITE_TIMEOUT = 5.0
 
 # The server side: (request type, request map, the sender's PeerID) -> the answer map (without `re`).
 Dispatch = Callable[[str, dict[str, Any], str], Awaitable[dict[str, Any]]]
+
+
+def buffered(stream: INetStream, tuning: PubsubTuning) -> Any:
+    """The control stream as both ends read it (see the module docstring); call it before reading from it. Writes,
+    resets and the connection are the stream's own."""
+    if not tuning.control_reads:
+        return stream
+    batch_credit(stream)
+    return BufferedReader(stream)
 
 
 def _remote_peer(stream: INetStream) -> str:
@@ -215,7 +231,7 @@ class ControlChannels:
             if nursery is None:
                 await stream.reset()
                 return None
-            channel = _Channel(peer_id, stream, self.max_answer)
+            channel = _Channel(peer_id, buffered(stream, self.host.tuning), self.max_answer)
             self._channels[peer_id] = channel
             self.opened += 1
             nursery.start_soon(self._read, channel)

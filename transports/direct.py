@@ -38,7 +38,7 @@ from mesh.codec import pack, unpack_strict
 from mesh.offers import MAX_RESULT_BYTES, OFFER_ID_SIZE
 from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, OfferSink
-from transports.control import CONTROL_PROTOCOL, ControlChannels, serve_control
+from transports.control import CONTROL_PROTOCOL, ControlChannels, buffered, serve_control
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
 from transports.hardening.holdoff import BusyHoldoff
 from transports.hardening.refusals import Refusal
@@ -436,7 +436,7 @@ class DirectTransport:
 
     async def _serve_control(self, stream: INetStream) -> None:
         await serve_control(
-            stream,
+            buffered(stream, self.host.tuning),
             self._dispatch,
             max_request=lambda kind: MAX_RESULT_FRAME if kind == "result" else MAX_CONTROL_FRAME,
             max_frame=MAX_RESULT_FRAME,

@@ -76,8 +76,10 @@ from transports.pubsub import (
     LEAN,
     REJECTED,
     BufferedReader,
+    ForwarderNotingReader,
     GossipScorer,
     LeanGossipSub,
+    LeanPubsub,
     PubsubTuning,
     ScoreEnforcer,
     batch_credit,
@@ -285,6 +287,8 @@ class GossipTransport:
             try:
                 await self._pubsub_ready.wait()
                 reader: Any = BufferedReader(stream) if tuning.buffered_reads else stream
+                if isinstance(self.pubsub, LeanPubsub) and (tuning.early_duplicates or tuning.skip_holders):
+                    reader = ForwarderNotingReader(reader, self.pubsub, stream.muxed_conn.peer_id)
                 await self.pubsub.stream_handler(reader)
             except RuntimeError as exc:
                 # Rarely a reader still drains buffered messages (no checkpoint, so our cancel has not landed yet)

@@ -291,9 +291,17 @@ class P2PHost:
         always aware of this host's bans; py-libp2p's own `Pubsub` for a tuning that needs neither (`STOCK`)."""
         tuning = self.tuning
         host: Any = CachedAddrsHost(self.host) if tuning.cached_addrs else self.host
-        if not (tuning.coalesce_writes or tuning.scoring):
+        if not (tuning.coalesce_writes or tuning.scoring or tuning.early_duplicates or tuning.skip_holders):
             return Pubsub(host, router, **options)
-        return LeanPubsub(host, router, coalesce_writes=tuning.coalesce_writes, banned=self._banned_id, **options)
+        return LeanPubsub(
+            host,
+            router,
+            coalesce_writes=tuning.coalesce_writes,
+            early_duplicates=tuning.early_duplicates,
+            skip_holders=tuning.skip_holders,
+            banned=self._banned_id,
+            **options,
+        )
 
     def _banned_id(self, peer: ID) -> bool:
         # Asked for every pubsub message received: free while nobody is banned.

@@ -4,7 +4,8 @@
 |---|---|
 | `tuning` | `PubsubTuning`: every switch below in one value; `LEAN` (ours) and `STOCK` (py-libp2p's path) |
 | `reads` | buffered Noise and pubsub reads; yamux credit every half window on pubsub streams |
-| `service` | `LeanPubsub`: coalesced writes, bans, the message being validated; `CachedAddrsHost` |
+| `service` | `LeanPubsub`: coalesced writes, early duplicates, bans, the message being validated; `CachedAddrsHost` |
+| `holders` | `Holders`: which peers sent us each recent message, so that nobody is sent back what it sent |
 | `router` | `LeanGossipSub`: peer record once per stream, IDONTWANT only for large messages, history trimmed, scoring |
 | `scoring` | real thresholds, IGNORE, `GossipScorer` and `ScoreEnforcer` (peers below graylist cut off) |
 
@@ -12,10 +13,11 @@ Measured by `benchmarks/bench_pubsub.py` (CPU per message received, `STOCK` agai
 upstream behaviour relied on is pinned by tests/test_pubsub_pins.py, which fails when an upgrade changes one.
 """
 
+from transports.pubsub.holders import Holders
 from transports.pubsub.reads import BufferedNoiseTransport, BufferedReader, batch_credit
 from transports.pubsub.router import LeanGossipSub, trim_delivery_history
 from transports.pubsub.scoring import REJECTED, GossipScorer, ScoreEnforcer, score_params
-from transports.pubsub.service import CachedAddrsHost, LeanPubsub
+from transports.pubsub.service import CachedAddrsHost, ForwarderNotingReader, LeanPubsub
 from transports.pubsub.tuning import LEAN, STOCK, PubsubTuning
 
 __all__ = [
@@ -25,7 +27,9 @@ __all__ = [
     "BufferedNoiseTransport",
     "BufferedReader",
     "CachedAddrsHost",
+    "ForwarderNotingReader",
     "GossipScorer",
+    "Holders",
     "LeanGossipSub",
     "LeanPubsub",
     "PubsubTuning",

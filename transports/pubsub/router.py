@@ -18,6 +18,8 @@ tests/test_pubsub_pins.py.
 - **The per-message delivery history trimmed** every router heartbeat. `publish` appends a timestamp per forwarded
   message to `recent_message_deliveries`, trimmed only inside adaptive gossip's health check; with adaptive gossip
   off (ours) the list grows without bound (about 4.5 floats per node per second in a 10-node mesh).
+- **Holders skipped** (`skip_holders`): a new message is not forwarded to a peer that sent it to us
+  (`transports.pubsub.holders`, recorded by `LeanPubsub` as each copy is read).
 - **Scoring** (`scoring`): real thresholds, `GossipScorer` (IGNORE, graylist reports), and the per-topic forward
   limit off: it drops and penalises honest relays' traffic past 50 messages/s, and never sees invalid messages
   (they are refused before `GossipSub.publish`).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from libp2p.peer.id import ID
@@ -82,6 +85,19 @@ class LeanGossipSub(GossipSub):
         if self._publishing_size < self.tuning.idontwant_threshold:
             return
         await super()._emit_idontwant_for_message(msg_id, topic_ids)
+
+    def _get_peers_to_send(
+        self, topic_ids: Iterable[str], msg_forwarder: ID, origin: ID, msg_id: bytes | None = None
+    ) -> Iterator[ID]:
+        peers = super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id)
+        holders = getattr(self.pubsub, "holders", None)
+        if holders is None or msg_id is None:
+            yield from peers
+            return
+        have = holders.of(msg_id)
+        for peer in peers:
+            if peer not in have:
+                yield peer
 
     def _periodic_security_cleanup(self) -> None:
         super()._periodic_security_cleanup()

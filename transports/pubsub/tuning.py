@@ -23,10 +23,13 @@ class PubsubTuning:
     buffered_noise: bool = True  # Noise reads its 2-byte length and its body from one 64 KiB socket read
     buffered_reads: bool = True  # pubsub reads each RPC's varint byte by byte: served from one yamux read
     batched_credit: bool = True  # a yamux WINDOW_UPDATE every half window on pubsub streams, not after each read
+    control_reads: bool = True  # control streams (claims, grants, results) read as pubsub's: one buffer, batched credit
     # Pubsub: fewer RPCs, and records not rebuilt for each.
     strip_sender_record: bool = True  # our signed peer record once per stream (the hello), not in every RPC
     cached_addrs: bool = True  # pubsub's view of our addresses recomputed at most once a second
     coalesce_writes: bool = True  # everything queued for a peer in one write: one frame, one Noise message
+    early_duplicates: bool = True  # a copy of a message already forwarded is dropped before pubsub spawns its task
+    skip_holders: bool = True  # a message is not sent to a peer that sent it to us
     idontwant_threshold: int = IDONTWANT_THRESHOLD  # 0: an IDONTWANT for every message, as upstream
     # Scoring with real thresholds, penalties for invalid messages, peers below the graylist cut off; and with it
     # the per-topic forward limit off (it penalises honest relays and never sees invalid messages).
@@ -45,9 +48,12 @@ STOCK = PubsubTuning(
     buffered_noise=False,
     buffered_reads=False,
     batched_credit=False,
+    control_reads=False,
     strip_sender_record=False,
     cached_addrs=False,
     coalesce_writes=False,
+    early_duplicates=False,
+    skip_holders=False,
     idontwant_threshold=0,
     scoring=False,
 )

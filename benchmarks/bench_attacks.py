@@ -555,30 +555,9 @@ async def polite_sybil_swarm(addr: str, stats: Counter[str]) -> None:
     """48 peers, each its own key and connection (from four addresses), each sending offers from its share of 300
     fresh offerer keys one at a time and waiting as each refusal's `retryAfterMs` tells it: nothing per peer to
     catch, only the queue's classes between it and the honest offerer."""
-    from mesh.identity import NodeIdentity
-    from mesh.offers import Audience, TaskOffer
-    from tests.hardening_support import attacker_ip, connection_from, offer_answer, peer_id, stock_host
+    from tests.hardening_support import polite_swarm
 
-    keys = [NodeIdentity.generate() for _ in range(300)]
-    to_node = Audience.direct(peer_id(addr).to_base58())
-
-    async def attacker_peer(n: int) -> None:
-        async with stock_host(listen=()) as host, connection_from(host, attacker_ip(n % 4), addr):
-            for key in itertools.cycle(keys[n::48]):
-                raw = TaskOffer.create(key, language="python", code=FLOOD_CODE, audience=to_node).sign(key)
-                try:
-                    with trio.fail_after(60):
-                        answer = await offer_answer(host, addr, raw)
-                except (Exception, trio.TooSlowError):
-                    stats["stream failed"] += 1
-                    await trio.sleep(0.05)
-                    continue
-                stats[str(answer.get("reason") or answer.get("type"))] += 1
-                await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
-
-    async with trio.open_nursery() as nursery:
-        for n in range(48):
-            nursery.start_soon(attacker_peer, n)
+    await polite_swarm(addr, stats, code=FLOOD_CODE)
 
 
 @attacker

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 from collections import Counter
@@ -253,6 +254,45 @@ async def offer_once(host: IHost, addr: str, raw: bytes) -> str:
     """`offer_answer`'s type or refusal reason."""
     answer = await offer_answer(host, addr, raw)
     return str(answer.get("reason") or answer.get("type"))
+
+
+async def polite_swarm(
+    addr: str,
+    answers: Counter[str],
+    *,
+    code: str,
+    keys: int = 300,
+    peers: int = 48,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """`peers` attacker peers, each its own connection from one of four attacker addresses, each sending offers of
+    `code` from its share of `keys` fresh offerer keys one at a time, and each waiting as told (`retryAfterMs`)
+    after a refusal for want of room: a swarm that no per-peer hold-off or strike catches, which only the queue's
+    classes hold back (tests/test_fairness_node.py, benchmarks/bench_attacks.py). Counts the answers by type or
+    reason into `answers`; runs until cancelled."""
+    from mesh.offers import Audience, TaskOffer
+
+    identities = [NodeIdentity.generate() for _ in range(keys)]
+    to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
+
+    async def attacker_peer(n: int) -> None:
+        async with stock_host(listen=()) as host, connection_from(host, attacker_ip(n % 4), addr):
+            for key in itertools.cycle(identities[n::peers]):
+                raw = TaskOffer.create(key, language="python", code=code, audience=to_node).sign(key)
+                try:
+                    with trio.fail_after(60):
+                        answer = await offer_answer(host, addr, raw)
+                except (Exception, trio.TooSlowError):
+                    answers["stream failed"] += 1
+                    await trio.sleep(0.05)
+                    continue
+                answers[str(answer.get("reason") or answer.get("type"))] += 1
+                await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(peers):
+            nursery.start_soon(attacker_peer, n)
+        task_status.started()
 
 
 class NodeProcess:

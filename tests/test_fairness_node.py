@@ -14,7 +14,6 @@ fills only the fresh share, and every honest offer gets its verified result.
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -30,9 +29,8 @@ import trio
 
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.offers import Audience, TaskOffer
 from mesh.reasons import Reason
-from tests.hardening_support import attacker_ip, connection_from, offer_answer, peer_id, stock_host
+from tests.hardening_support import polite_swarm
 
 pytestmark = pytest.mark.docker
 
@@ -78,29 +76,7 @@ async def status(ready: dict[str, Any]) -> dict[str, Any]:
 
 
 async def sybil_flood(addr: str, answers: Counter[str], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """`PEERS` attacker peers, each its own connection from one of four attacker addresses, each sending offers from
-    its share of the fresh keys one at a time, and each waiting as told (`retryAfterMs`) after a refusal for want
-    of room: a swarm that no per-peer hold-off or strike catches, which only the queue's classes hold back."""
-    keys = [NodeIdentity.generate() for _ in range(SYBIL_KEYS)]
-    to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
-
-    async def attacker_peer(n: int) -> None:
-        async with stock_host(listen=()) as host, connection_from(host, attacker_ip(n % 4), addr):
-            for key in itertools.cycle(keys[n::PEERS]):
-                raw = TaskOffer.create(key, language="python", code=SYBIL_CODE, audience=to_node).sign(key)
-                try:
-                    answer = await offer_answer(host, addr, raw)
-                except Exception:
-                    answers["stream failed"] += 1
-                    await trio.sleep(0.05)
-                    continue
-                answers[str(answer.get("reason") or answer.get("type"))] += 1
-                await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
-
-    async with trio.open_nursery() as nursery:
-        for n in range(PEERS):
-            nursery.start_soon(attacker_peer, n)
-        task_status.started()
+    await polite_swarm(addr, answers, code=SYBIL_CODE, keys=SYBIL_KEYS, peers=PEERS, task_status=task_status)
 
 
 async def wait_for_the_swarm(ready: dict[str, Any], places: int, answers: Counter[str]) -> None:

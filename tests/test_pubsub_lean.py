@@ -136,24 +136,28 @@ def test_the_router_trims_its_delivery_history_at_every_heartbeat_cleanup() -> N
     assert router.recent_message_deliveries[OFFERS_TOPIC] == []
 
 
+class _OfflineNetwork:
+    def register_notifee(self, notifee: Any) -> None: ...
+
+
+class _OfflineHost:
+    """Just enough of a libp2p host to build a `LeanPubsub` that is never run: its bookkeeping, without I/O."""
+
+    def get_network(self) -> _OfflineNetwork:
+        return _OfflineNetwork()
+
+    def set_stream_handler(self, protocol: Any, handler: Any) -> None: ...
+
+    def get_private_key(self) -> Any:
+        return None
+
+
 def test_a_banned_peer_is_blacklisted_for_pubsub_and_nobody_else_is() -> None:
     banned = ID(NodeIdentity.generate().libp2p_keypair().public_key.serialize())
     other = ID(NodeIdentity.generate().libp2p_keypair().public_key.serialize())
 
-    class Network:
-        def register_notifee(self, notifee: Any) -> None: ...
-
-    class Host:
-        def get_network(self) -> Network:
-            return Network()
-
-        def set_stream_handler(self, protocol: Any, handler: Any) -> None: ...
-
-        def get_private_key(self) -> Any:
-            return None
-
     router = GossipSub(protocols=[], degree=6, degree_low=4, degree_high=12)
-    pubsub = LeanPubsub(Host(), router, banned=lambda peer: peer == banned)  # type: ignore[arg-type]
+    pubsub = LeanPubsub(_OfflineHost(), router, banned=lambda peer: peer == banned)  # type: ignore[arg-type]
     assert pubsub.is_peer_blacklisted(banned) and not pubsub.is_peer_blacklisted(other)
 
 
@@ -327,21 +331,9 @@ def _offer_message(identity: NodeIdentity, i: int) -> rpc_pb2.Message:
 
 
 def test_the_sender_leaves_out_what_the_peer_sent_us_and_writes_nothing_when_that_is_all() -> None:
-    class Network:
-        def register_notifee(self, notifee: Any) -> None: ...
-
-    class Host:
-        def get_network(self) -> Network:
-            return Network()
-
-        def set_stream_handler(self, protocol: Any, handler: Any) -> None: ...
-
-        def get_private_key(self) -> Any:
-            return None
-
     holder, other = (ID(NodeIdentity.generate().libp2p_keypair().public_key.serialize()) for _ in range(2))
     router = GossipSub(protocols=[], degree=6, degree_low=4, degree_high=12)
-    pubsub = LeanPubsub(Host(), router, msg_id_constructor=message_id)  # type: ignore[arg-type]
+    pubsub = LeanPubsub(_OfflineHost(), router, msg_id_constructor=message_id)  # type: ignore[arg-type]
     identity = NodeIdentity.generate()
     held, fresh = _offer_message(identity, 1), _offer_message(identity, 2)
     assert pubsub.holders is not None

@@ -725,7 +725,14 @@ def offer(
     )
     outcome = run_command(run_offer, options)
     if outcome.refusal is not None:
-        emit({"ok": False, "refusal": str(outcome.refusal.reason), "detail": outcome.refusal.detail})
+        refused: dict[str, Any] = {
+            "ok": False,
+            "refusal": str(outcome.refusal.reason),
+            "detail": outcome.refusal.detail,
+        }
+        if outcome.refusal.retry_after_ms is not None:  # refused for want of room: when the node will look again
+            refused["retryAfterMs"] = outcome.refusal.retry_after_ms
+        emit(refused)
         sys.exit(EXIT_REFUSED)
     assert outcome.result is not None
     from mesh.peerid import ed25519_peer_id

@@ -316,3 +316,34 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
         assert node.stop() == 0
         coordinator.stop()
     assert containers_of(docker_api, node.ready["peerId"]) == []
+
+
+def test_an_offer_refused_for_want_of_room_says_when_to_retry(keys: dict[str, Path], tmp_path: Path) -> None:
+    """Two slow offers from two other offerers hold the node's one worker and one queue place; a third offer is
+    refused `busy` with the node's retry hint, printed for the user as `retryAfterMs` (an offer sent before it ends
+    is answered unparsed: tests/test_hardening_holdoff.py)."""
+    port = free_port()
+    node = NodeProcess(keys["a"], "--metrics-port", str(port), "--concurrency", "1", "--queue-size", "1")
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(20)\n")
+    fast = tmp_path / "fast.py"
+    fast.write_text("print(1)\n")
+    offer = [*CLI, "offer", "--to", node.addr, "--language", "python"]
+    holders = [
+        subprocess.Popen([*offer, "--key", str(keys[who]), "--code-file", str(slow)], stdout=subprocess.DEVNULL)
+        for who in ("b", "refuser")
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"http://127.0.0.1:{port}/status", timeout=10).json()["queueFresh"] < 1:
+            assert time.monotonic() < deadline, "the second slow offer never queued"
+            time.sleep(0.1)
+        busy = edgecoder(*offer[len(CLI) :], "--key", str(keys["offerer"]), "--code-file", str(fast))
+        assert busy.returncode == 3, busy.stderr
+        answer = last_json(busy.stdout)
+        assert answer["ok"] is False and answer["refusal"] == "busy" and answer["retryAfterMs"] == 500, answer
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+        assert node.stop() == 0

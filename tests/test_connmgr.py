@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from mesh.identity import NodeIdentity
-from tests.test_p2p_fakes import LOOPBACK
+from tests.test_p2p_fakes import LOOPBACK, wait_until
 from transports.connmgr import ConnectionManager
 from transports.p2p import P2PHost, open_host
 
@@ -30,25 +30,18 @@ def sees(host: P2PHost, peer_id: str) -> Callable[[], bool]:
     return lambda: peer_id in host.connected_peers()
 
 
-async def until(condition: Callable[[], bool], what: str, *, timeout: float = 20.0) -> None:
-    with trio.move_on_after(timeout) as scope:
-        while not condition():
-            await trio.sleep(0.02)
-    assert not scope.cancelled_caught, f"timed out waiting until {what}"
-
-
 async def test_above_the_high_watermark_the_newest_unprotected_connections_are_closed() -> None:
     # Eight peers, three kept: a manager that picked at random would keep the two oldest 1 time in 21.
     async with hosts(1) as [hub], hosts(8) as peers:
         oldest, *newer = peers
         for peer in peers:  # one at a time, so that the hub's connections have a known age
             await peer.connect(hub.addrs[0])
-            await until(sees(hub, peer.peer_id), "the hub sees the connection")
+            await wait_until(sees(hub, peer.peer_id), what="the hub sees the connection", timeout=20.0)
         protected = newer[-1].peer_id  # the newest of all, protected (as a bootstrap peer or relay would be)
         manager = ConnectionManager(hub, low=1, high=3, protected=lambda: {protected}, interval_s=INTERVAL_S)
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
-            await until(lambda: manager.trimmed == 5, "five connections are trimmed")
+            await wait_until(lambda: manager.trimmed == 5, what="five connections are trimmed", timeout=20.0)
             # Kept: the protected peer and the two oldest. Closed: the five newest unprotected ones.
             assert set(hub.connected_peers()) == {protected, oldest.peer_id, newer[0].peer_id}
             assert manager.dialled == 0
@@ -65,12 +58,12 @@ async def test_valued_peers_are_trimmed_only_after_every_stranger() -> None:
     async with hosts(1) as [hub], hosts(4) as peers:
         for peer in peers:
             await peer.connect(hub.addrs[0])
-            await until(sees(hub, peer.peer_id), "the hub sees the connection")
+            await wait_until(sees(hub, peer.peer_id), what="the hub sees the connection", timeout=20.0)
         valued = peers[-1].peer_id  # the newest, which plain newest-first trimming would close first
         manager = ConnectionManager(hub, low=1, high=2, interval_s=INTERVAL_S, valued=lambda peer_id: peer_id == valued)
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
-            await until(lambda: manager.trimmed == 2, "two connections are trimmed")
+            await wait_until(lambda: manager.trimmed == 2, what="two connections are trimmed", timeout=20.0)
             assert set(hub.connected_peers()) == {peers[0].peer_id, valued}  # the two newest strangers went
             nursery.cancel_scope.cancel()
 
@@ -83,7 +76,7 @@ async def test_below_the_low_watermark_discovered_peers_are_dialled_and_a_lost_o
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             # `dialled` counts a dial once `connect` has returned, a little after the swarm lists the connection.
-            await until(lambda: manager.dialled >= 3, "the hub dials up to its low watermark")
+            await wait_until(lambda: manager.dialled >= 3, what="the hub dials up to its low watermark", timeout=20.0)
             nursery.cancel_scope.cancel()
         # Short of `low`, it dials up to `low`, not beyond: the other discovered peers stay known, undialled.
         for _ in range(5):
@@ -94,7 +87,7 @@ async def test_below_the_low_watermark_discovered_peers_are_dialled_and_a_lost_o
         assert len(hub.connected_peers()) == 2
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
-            await until(lambda: manager.dialled == 4, "the hub redials")
+            await wait_until(lambda: manager.dialled == 4, what="the hub redials", timeout=20.0)
             nursery.cancel_scope.cancel()
         assert len(hub.connected_peers()) == 3
 
@@ -104,13 +97,15 @@ async def test_between_the_watermarks_only_eager_peers_are_dialled() -> None:
     async with hosts(1) as [hub], hosts(3) as peers:
         first, lan, remote = peers
         await first.connect(hub.addrs[0])
-        await until(lambda: first.peer_id in hub.connected_peers(), "the hub sees its first peer")
+        await wait_until(
+            lambda: first.peer_id in hub.connected_peers(), what="the hub sees its first peer", timeout=20.0
+        )
         manager = ConnectionManager(hub, low=1, high=4, interval_s=INTERVAL_S)
         manager.discovered(remote.peer_id, remote.addrs, "rendezvous")
         manager.discovered(lan.peer_id, lan.addrs, "mdns", eager=True)
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
-            await until(lambda: manager.dialled == 1, "the LAN peer is dialled")
+            await wait_until(lambda: manager.dialled == 1, what="the LAN peer is dialled", timeout=20.0)
             nursery.cancel_scope.cancel()
         for _ in range(5):
             await manager._balance()

@@ -7,7 +7,7 @@ past a cap is refused. Real hosts on loopback, each client reserving through the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -15,18 +15,11 @@ from structlog.testing import capture_logs
 
 from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from tests.test_p2p_fakes import LOOPBACK
+from tests.test_p2p_fakes import LOOPBACK, wait_until
 from transports.p2p import open_host
 from transports.relay import HardenedRelayProtocol, Relay, RelayServiceLimits
 
 CHECK_S = 0.05  # the clients' reservation rounds: short, so that the readiness waits below return soon
-
-
-async def until(condition: Callable[[], bool], what: str, *, timeout: float = 20.0) -> None:
-    with trio.move_on_after(timeout) as scope:
-        while not condition():
-            await trio.sleep(0.02)
-    assert not scope.cancelled_caught, f"timed out waiting until {what}"
 
 
 async def test_a_relay_node_hands_its_limits_to_py_libp2p_s_relay_resources() -> None:
@@ -78,8 +71,10 @@ async def test_a_reservation_past_the_relay_s_cap_is_refused() -> None:
     limits = RelayServiceLimits(max_reservations=2, reservations_per_ip=8)
     with capture_logs() as logs:
         async with relay_and_clients(limits, 3) as (relay, clients):
-            await until(lambda: sum(len(c.reserved) for c in clients) == 2, "two clients hold a reservation")
-            await until(lambda: refusals(logs) >= 1, "the third client is refused")
+            await wait_until(
+                lambda: sum(len(c.reserved) for c in clients) == 2, what="two clients hold a reservation", timeout=20.0
+            )
+            await wait_until(lambda: refusals(logs) >= 1, what="the third client is refused", timeout=20.0)
             assert sorted(len(c.reserved) for c in clients) == [0, 1, 1]
             assert relay.protocol is not None and len(relay.protocol.resource_manager._reservations) == 2
 
@@ -88,7 +83,11 @@ async def test_reservations_from_one_ip_past_its_share_are_refused() -> None:
     limits = RelayServiceLimits(max_reservations=16, reservations_per_ip=2)
     with capture_logs() as logs:
         async with relay_and_clients(limits, 3) as (relay, clients):  # all from 127.0.0.1
-            await until(lambda: sum(len(c.reserved) for c in clients) == 2, "two clients hold a reservation")
-            await until(lambda: refusals(logs) >= 1, "the third client from the same IP is refused")
+            await wait_until(
+                lambda: sum(len(c.reserved) for c in clients) == 2, what="two clients hold a reservation", timeout=20.0
+            )
+            await wait_until(
+                lambda: refusals(logs) >= 1, what="the third client from the same IP is refused", timeout=20.0
+            )
             assert sorted(len(c.reserved) for c in clients) == [0, 1, 1]
             assert isinstance(relay.protocol, HardenedRelayProtocol) and relay.protocol.refused["per_ip"] >= 1

@@ -227,12 +227,10 @@ class MeshNode:
             p2p,
             low=config.connections_low,
             high=config.connections_high,
-            protected=lambda: (
-                {p.peer_id for p in self.bootstrap.peers} | set(self.relay.reserved) | self.direct.peers_in_flight()
-            ),
+            protected=self._protected_peers,
             valued=self._established_peer,
         )
-        p2p.value_peers(self._established_peer, self.direct.peers_in_flight)
+        p2p.value_peers(self._established_peer, self._protected_peers)
         self.rendezvous = Rendezvous(
             p2p,
             seeds=self.bootstrap.connected,
@@ -371,6 +369,11 @@ class MeshNode:
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
+
+    def _protected_peers(self) -> set[str]:
+        """Peers whose connection is never closed to trim or to make room: bootstrap peers, relays we hold a
+        reservation on, and peers with an exchange in progress."""
+        return {p.peer_id for p in self.bootstrap.peers} | set(self.relay.reserved) | self.direct.peers_in_flight()
 
     def _established_peer(self, peer_id: str) -> bool:
         """A peer whose key is an offerer this node has served (or trusts): trimmed only after every stranger."""

@@ -312,8 +312,9 @@ class P2PHost:
         return self.penalties.banned(peer_id)
 
     def value_peers(self, valued: Callable[[str], bool], busy: Callable[[], set[str]]) -> None:
-        """`valued` peers get an inbound place even when strangers hold them all: the newest stranger's connection
-        with nothing in progress (none of `busy`) is closed for them (`GuardedSwarm._make_room_for`)."""
+        """`valued` peers get an inbound place even when strangers hold them all: the connection of the newest
+        stranger not in `busy` (the peers whose connections must be kept) is closed for them
+        (`GuardedSwarm._make_room_for`)."""
         swarm = self.host.get_network()
         if isinstance(swarm, GuardedSwarm):
             swarm.valued = valued

@@ -217,7 +217,8 @@ class GuardedSwarm(ConnectionScopedSwarm):
     refusals: Refusals
     penalties: PenaltyBox
     # Peers worth a place even when the inbound connections are full (for a node: the offerers it has served), and
-    # peers whose connection must not be closed to make one (an exchange in progress). Set by the node.
+    # peers whose connection must not be closed to make one (for a node: those its connection manager never trims).
+    # Set by the node.
     valued: Callable[[str], bool]
     busy: Callable[[], set[str]]
     evicted: int
@@ -248,10 +249,10 @@ class GuardedSwarm(ConnectionScopedSwarm):
         return limit is not None and len(self._inbound()) >= limit
 
     async def _make_room_for(self, peer: str) -> None:
-        """Close the newest inbound connection of a stranger with nothing in progress, so that a valued peer is not
-        refused because strangers hold every place (a crowd of fresh keys can fill them in seconds, and before
-        this the honest offerer dialling afresh was refused `connection_limit` now and then). No stranger to
-        close: the valued peer is refused like anyone."""
+        """Close the newest inbound connection of a stranger not in `busy` (nothing in progress, not a bootstrap peer or
+        relay), so that a valued peer is not refused because strangers hold every place (a crowd of fresh keys can fill
+        them in seconds, and before this the honest offerer dialling afresh was refused `connection_limit` now and
+        then). No stranger to close: the valued peer is refused like anyone."""
         keep = self.busy()
         for conn in reversed(self._inbound()):
             other = conn.muxed_conn.peer_id.to_base58()

@@ -36,6 +36,7 @@ from mesh.identity import NodeIdentity
 from transports.direct import OFFER_PROTOCOL
 from transports.framing import read_frame, write_frame
 from transports.hardening import Refusal
+from transports.hardening.shutdown import close_sockets_now, connections_of
 from transports.p2p import noise_only, yamux_only
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -77,8 +78,12 @@ async def running(host: IHost, listen: Sequence[str] = ()) -> AsyncIterator[IHos
         try:
             yield host
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(3):
-                await host.close()
+            conns = connections_of(host)
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(3):
+                    await host.close()
+            finally:  # a close cut short by the bound (48 hosts closing at once) leaves no socket to the collector
+                close_sockets_now(conns + connections_of(host))
 
 
 @asynccontextmanager
@@ -96,11 +101,16 @@ def tcp_port(maddr: str) -> int:
 
 
 async def dial_from(host: IHost, source_ip: str, maddr: str) -> Any:
-    """A full libp2p connection from `source_ip` to `maddr` (`/ip4/…/tcp/N/p2p/<id>`); the SwarmConn."""
+    """A full libp2p connection from `source_ip` to `maddr` (`/ip4/…/tcp/N/p2p/<id>`); the SwarmConn. A refused or
+    cancelled upgrade closes the socket (upstream's upgrade leaves that to its own dialer)."""
     info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
     raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
-    swarm = host.get_network()
-    return await swarm.upgrade_outbound_raw_conn(raw, info.peer_id)
+    try:
+        return await host.get_network().upgrade_outbound_raw_conn(raw, info.peer_id)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await raw.close()
+        raise
 
 
 @asynccontextmanager
@@ -108,13 +118,11 @@ async def connection_from(host: IHost, source_ip: str, maddr: str) -> AsyncItera
     """`dial_from` for as long as the block runs; on leaving it our end of the TCP socket is closed. The host's
     own close (bounded to 3 s by `running`) left it to the garbage collector after the Sybil flood of
     tests/test_fairness_node.py, 48 streams busy on the connection."""
-    info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
-    raw = await TCP().dial_with_source(tcp_part(maddr), (source_ip, 0))
+    conn = await dial_from(host, source_ip, maddr)
     try:
-        yield await host.get_network().upgrade_outbound_raw_conn(raw, info.peer_id)
+        yield conn
     finally:
-        with trio.CancelScope(shield=True):
-            await raw.close()
+        close_sockets_now([conn])
 
 
 async def try_dial_from(host: IHost, source_ip: str, maddr: str, *, timeout: float = 5.0) -> bool:
@@ -275,19 +283,33 @@ async def polite_swarm(
     identities = [NodeIdentity.generate() for _ in range(keys)]
     to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
 
+    async def offers(host: IHost, conn: Any, keys: list[NodeIdentity]) -> None:
+        """Until the node closes `conn` (new streams would then go over a connection the host dials itself)."""
+        for key in itertools.cycle(keys):
+            if conn.is_closed:
+                return
+            raw = TaskOffer.create(key, language="python", code=code, audience=to_node).sign(key)
+            try:
+                with trio.fail_after(60):
+                    answer = await offer_answer(host, addr, raw)
+            except (Exception, trio.TooSlowError):
+                answers["stream failed"] += 1
+                await trio.sleep(0.05)
+                continue
+            answers[str(answer.get("reason") or answer.get("type"))] += 1
+            await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
+
     async def attacker_peer(n: int) -> None:
-        async with stock_host(listen=()) as host, connection_from(host, attacker_ip(n % 4), addr):
-            for key in itertools.cycle(identities[n::peers]):
-                raw = TaskOffer.create(key, language="python", code=code, audience=to_node).sign(key)
+        async with stock_host(listen=()) as host:
+            while True:
+                # The node may refuse a connection (a source's handshakes in flight are bounded): a polite peer
+                # dials again a little later, as a real one would, and the swarm carries on.
                 try:
-                    with trio.fail_after(60):
-                        answer = await offer_answer(host, addr, raw)
-                except (Exception, trio.TooSlowError):
-                    answers["stream failed"] += 1
-                    await trio.sleep(0.05)
-                    continue
-                answers[str(answer.get("reason") or answer.get("type"))] += 1
-                await trio.sleep(answer.get("retryAfterMs", 0) / 1000)
+                    async with connection_from(host, attacker_ip(n % 4), addr) as conn:
+                        await offers(host, conn, identities[n::peers])
+                except Exception:
+                    answers["connection refused"] += 1
+                await trio.sleep(0.5)
 
     async with trio.open_nursery() as nursery:
         for n in range(peers):

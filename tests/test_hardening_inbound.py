@@ -45,7 +45,7 @@ from tests.hardening_support import (
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import AdmissionLimits, ConnectionBudget, Defences, GuardedSwarm, Refusal
 from transports.hardening.inbound import classify_upgrade_failure
-from transports.p2p import P2PHost, open_host
+from transports.p2p import DialError, P2PHost, open_host
 
 HONEST = "127.0.0.1"
 
@@ -321,6 +321,34 @@ def test_a_plaintext_dialer_is_counted_as_a_failed_handshake_and_the_gate_as_gat
                 assert not await try_dial_from(peer, attacker_ip(0), node.addrs[0])
                 assert await try_dial_from(peer, HONEST, node.addrs[0])
             await wait_until(lambda: refusals[Refusal.GATED] == 1)
+
+    run_trio(main)
+
+
+def test_a_dial_that_times_out_mid_handshake_closes_its_socket_at_once() -> None:
+    """A listener that accepts and never answers the handshake: the node's dial times out, and its socket is closed
+    then (the listener reads to the end of the stream), not left to the garbage collector, which would hold the
+    descriptor until it ran (upstream's dialer closes it on cancellation; our own `dial_from` in the tests had not)."""
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        silent = f"/ip4/127.0.0.1/tcp/{port}/p2p/{NodeIdentity.generate().peer_id}"
+        async with guarded_node() as (node, _), listeners[0]:
+            node.dial_timeout = 0.5
+            async with trio.open_nursery() as nursery:
+                accepted: list[trio.SocketStream] = []
+
+                async def accept() -> None:
+                    accepted.append(await listeners[0].accept())
+
+                nursery.start_soon(accept)
+                with pytest.raises(DialError, match="timed out"):
+                    await node.connect(silent)
+            async with accepted[0] as server_end:
+                with trio.fail_after(2):  # the dialer's multistream header, then the end of the stream
+                    while await server_end.receive_some(4096):
+                        pass
 
     run_trio(main)
 

@@ -24,6 +24,7 @@ from multiaddr import Multiaddr
 from mesh.identity import NodeIdentity
 from tests.hardening_support import LOOPBACK, data_frame, dial_from, fresh_peer, full_addr, stock_host
 from tests.test_p2p_fakes import run_trio, wait_until
+from transports.hardening.shutdown import close_sockets_now, connections_of, socket_stream_under
 from transports.p2p import open_host
 
 HONEST = "127.0.0.1"
@@ -169,17 +170,29 @@ def test_a_peer_that_stopped_reading_blocks_a_stock_close_and_ours_cuts_it_after
 
 
 def socket_stream_of(conn: Any) -> trio.SocketStream:
-    """The TCP stream under a libp2p connection (muxer, Noise session, raw connection, trio stream)."""
-    layer = conn
-    for _ in range(8):
-        if isinstance(layer, trio.SocketStream):
-            return layer
-        layer = next(
-            getattr(layer, name)
-            for name in ("secured_conn", "conn", "read_writer", "read_write_closer", "stream")
-            if getattr(layer, name, None) is not None
-        )
-    raise AssertionError(f"no socket under {conn!r}")
+    stream = socket_stream_under(conn)
+    assert stream is not None, f"no socket under {conn!r}"
+    return stream
+
+
+def test_the_sockets_under_connections_are_closed_at_once_whatever_their_state() -> None:
+    """`close_sockets_now`, the last step of every close (`close_fast`, and the test hosts' bounded close): each
+    peer sees its connection end, and a socket already closed is left alone."""
+
+    async def main() -> None:
+        async with stock_host() as server, AsyncExitStack() as stack:
+            peers, _ = await connected_peers(stack, 2)
+            for peer in peers:
+                await dial_from(peer, HONEST, full_addr(server))
+            await wait_until(lambda: len(server.get_connected_peers()) == 2)
+            conns = connections_of(server)
+            assert close_sockets_now(conns) == 2
+            assert close_sockets_now(conns) == 0
+            assert all(socket_stream_of(conn).socket.fileno() == -1 for conn in conns)
+            # each peer's reader sees the end of its connection, and drops it
+            await wait_until(lambda: not any(p.get_connected_peers() for p in peers), what="the peers to see the end")
+
+    run_trio(main)
 
 
 def test_pin_the_upstream_sleeps_and_marks_close_fast_relies_on() -> None:

@@ -30,7 +30,45 @@ _SOCKET_CLOSE_TIMEOUT = 0.05
 
 async def close_fast(host: IHost, *, grace: float = DEFAULT_GRACE) -> None:
     """Close every connection of `host` concurrently (at most `grace` seconds), then the host itself."""
-    conns: list[Any] = [conn for conns in list(host.get_network().connections.values()) for conn in conns]
+    conns = connections_of(host)
+    try:
+        await _close_all(host, conns, grace)
+    finally:
+        # However the close ended (cut short by the caller's bound included), no socket outlives it: one left to
+        # the garbage collector is a descriptor held until it runs, then a ResourceWarning.
+        close_sockets_now(conns + connections_of(host))
+
+
+def connections_of(host: IHost) -> list[Any]:
+    return [conn for conns in list(host.get_network().connections.values()) for conn in conns]
+
+
+def close_sockets_now(conns: list[Any]) -> int:
+    """Close the TCP socket under each of `conns` that is still open, synchronously; how many were."""
+    closed = 0
+    for conn in conns:
+        stream = socket_stream_under(conn)
+        if stream is not None and stream.socket.fileno() != -1:
+            stream.socket.close()
+            closed += 1
+    return closed
+
+
+def socket_stream_under(conn: Any) -> trio.SocketStream | None:
+    """The trio stream at the bottom of a connection: SwarmConn, muxer, secure session, Noise reader-writer, raw
+    connection and libp2p's TCP stream each hold the next. None for another transport."""
+    layer = conn
+    for _ in range(10):
+        if isinstance(layer, trio.SocketStream):
+            return layer
+        below = (getattr(layer, name, None) for name in ("muxed_conn", "secured_conn", "conn", "read_writer", "stream"))
+        layer = next((b for b in below if b is not None and b is not layer), None)
+        if layer is None:
+            return None
+    return None
+
+
+async def _close_all(host: IHost, conns: list[Any], grace: float) -> None:
     with trio.CancelScope(shield=True):
         with trio.move_on_after(grace):
             async with trio.open_nursery() as nursery:

@@ -132,6 +132,10 @@ SLOW_MODULES = frozenset(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        # A test that asks for the daemon is a docker test, marked or not: `make quick` leaves it out, and the
+        # skip-or-fail rule above applies to it.
+        if "docker_api" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.slow)
 

@@ -64,12 +64,17 @@ class DockerRelay:
                     nursery.start_soon(self._relay, client)
 
     async def _relay(self, client: trio.SocketStream) -> None:
-        try:
-            upstream = await trio.open_unix_socket(self.target)
-        except OSError:
-            await client.aclose()
-            return
-        async with client, upstream, trio.open_nursery() as nursery:
+        # The client is ours from the first line: a cut while the upstream connects (Cancelled, not OSError) used to
+        # leave it to the garbage collector.
+        async with client:
+            try:
+                upstream = await trio.open_unix_socket(self.target)
+            except OSError:
+                return
+            await self._pipe(client, upstream)
+
+    async def _pipe(self, client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+        async with upstream, trio.open_nursery() as nursery:
 
             async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

@@ -56,6 +56,7 @@ from transports.hardening import (
     close_fast,
     install_defences,
 )
+from transports.multiselect import install_settled_multiselect
 from transports.pubsub.reads import BufferedNoiseTransport
 from transports.pubsub.service import CachedAddrsHost, LeanPubsub
 from transports.pubsub.tuning import LEAN, PubsubTuning
@@ -523,6 +524,7 @@ async def open_host(
     penalties = PenaltyBox(defences.penalties)
     install_defences(host, defences, refusals, penalties)
     install_circuit_aware_addrs(host)
+    install_settled_multiselect(host)
     # Our bootstrap keeper owns the backoff between attempts; libp2p's own three retries would only stack on it.
     host.get_network().retry_config = RetryConfig(max_retries=0)  # type: ignore[attr-defined]
     host.get_network().register_notifee(PeerEventLog())

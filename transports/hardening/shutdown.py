@@ -11,6 +11,8 @@ only those sleeps and the `disconnected` notifications of a host that is going a
 that far in time (its peer stopped reading, so GO_AWAY cannot be written) has its socket closed directly. The
 `SwarmConn`s are marked closed as the first thing `close` does, so the `host.close()` that follows skips them and
 only closes the listeners and stops the swarm's tasks. Peers see the disconnect as before: the socket is closed.
+However the close ends (an exception in it included), it finishes by closing every connection's socket that is
+still open, synchronously (`close_sockets_now`): no descriptor is left for the garbage collector to find.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from multiaddr import Multiaddr
 from transports.hardening.admission import SourceAdmission, Ticket
 from transports.hardening.penalties import PenaltyBox
 from transports.hardening.refusals import Refusal, Refusals
+from transports.hardening.shutdown import close_sockets_now
 
 log = logging.getLogger(__name__)
 
@@ -196,17 +197,11 @@ class ConnectionScopedSwarm(Swarm):
             raise
 
 
-def _socket_of(read_write_closer: ReadWriteCloser) -> Any:
-    """The trio socket under a TCP stream (`TrioTCPStream.stream.socket`), or None for another transport."""
-    return getattr(getattr(read_write_closer, "stream", None), "socket", None)
-
-
 def _abort_handshake(read_write_closer: ReadWriteCloser) -> None:
     """Close the socket under a handshake, synchronously: the handshake's next read sees EOF and fails the way any
-    broken handshake does (upstream's cleanup runs), instead of being cancelled half-way through it."""
-    close = getattr(_socket_of(read_write_closer), "close", None)
-    if callable(close):
-        close()  # trio wakes the task blocked on it (`notify_closing`)
+    broken handshake does (upstream's cleanup runs), instead of being cancelled half-way through it (trio wakes the
+    task blocked on the socket: `notify_closing`)."""
+    close_sockets_now([read_write_closer])
 
 
 class GuardedSwarm(ConnectionScopedSwarm):

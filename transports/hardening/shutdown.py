@@ -26,8 +26,6 @@ from libp2p.abc import IHost
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE = 0.5
-# Closing a socket is local; this only bounds a transport that misbehaves.
-_SOCKET_CLOSE_TIMEOUT = 0.05
 
 
 async def close_fast(host: IHost, *, grace: float = DEFAULT_GRACE) -> None:
@@ -81,9 +79,7 @@ async def _close_all(host: IHost, conns: list[Any], grace: float) -> None:
                     if isinstance(closed, trio.Event):
                         await closed.wait()
                 nursery.cancel_scope.cancel()  # what remains is libp2p's sleeps and our own notifications
-        for conn in conns:
-            if not conn.muxed_conn.is_closed:
-                await _close_socket(conn)
+        close_sockets_now(conns)  # those whose peer stopped reading: GO_AWAY could not be written in the grace
         await host.close()
 
 
@@ -91,15 +87,4 @@ async def _close_quietly(conn: Any) -> None:
     try:
         await conn.close()
     except Exception:
-        log.debug("closing a connection failed", exc_info=True)  # its socket is closed below
-
-
-async def _close_socket(conn: Any) -> None:
-    secured = getattr(conn.muxed_conn, "secured_conn", None)
-    if secured is None:
-        return
-    with trio.move_on_after(_SOCKET_CLOSE_TIMEOUT):
-        try:
-            await secured.close()
-        except Exception:
-            log.debug("closing a connection's socket failed", exc_info=True)
+        log.debug("closing a connection failed", exc_info=True)  # its socket is closed after the grace

@@ -108,8 +108,7 @@ async def dial_from(host: IHost, source_ip: str, maddr: str) -> Any:
     try:
         return await host.get_network().upgrade_outbound_raw_conn(raw, info.peer_id)
     except BaseException:
-        with trio.CancelScope(shield=True):
-            await raw.close()
+        close_sockets_now([raw])
         raise
 
 

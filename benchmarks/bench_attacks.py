@@ -52,11 +52,11 @@ sys.path.insert(0, str(ROOT))  # `tests` (attackers' helpers, the small sandbox 
 from cli_baseline import CODE, EXPECTED, INPUT  # noqa: E402  (benchmarks/ is the script's directory)
 
 from executor.contract import Limits  # noqa: E402
-from mesh.identity import NodeIdentity  # noqa: E402
 from mesh.intake import IntakePolicy  # noqa: E402
 from mesh.node import MeshNode, NodeConfig  # noqa: E402
 from tests.docker_support import sandbox_policy  # noqa: E402
 from transports.hardening import refusal_counts  # noqa: E402
+from transports.wire.identity import NodeIdentity  # noqa: E402
 
 TARGET_RATIO = 2.0
 OFFER_TIMEOUT = 30.0
@@ -493,7 +493,7 @@ def _bad_signatures(target: Target) -> int:
     return target.runner.gossip.stats["offer_rejected:bad_signature"]
 
 
-# -- the intake's attacks: bombs, one flooding key, Sybil keys (mesh/msgshape.py, mesh/fairqueue.py) --------------
+# -- the intake's attacks: bombs, one flooding key, Sybil keys (transports/wire/msgshape.py, mesh/fairqueue.py) --
 
 # 1000 nested array32 headers of 131,072 elements each: 5 KB that cost 80-200 ms and ~66 MB before the shape walk.
 MSGPACK_BOMB = b"\xdd\x00\x02\x00\x00" * 1000
@@ -505,8 +505,8 @@ async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], sende
     """`senders` offers in flight at all times on one connection, from `keys` in turn; a refused offer is followed
     by the next at once (what the node's budgets must absorb)."""
 
-    from mesh.offers import Audience, TaskOffer
     from tests.hardening_support import attacker_ip, dial_from, offer_once, peer_id, stock_host
+    from transports.wire.offers import Audience, TaskOffer
 
     turn = itertools.cycle(keys)
     to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node
@@ -537,7 +537,7 @@ async def _offer_flood(addr: str, stats: Counter[str], keys: list[object], sende
 @attacker
 async def one_key_flood(addr: str, stats: Counter[str]) -> None:
     """One offerer key, 24 offers in flight, each refusal followed by the next offer at once."""
-    from mesh.identity import NodeIdentity
+    from transports.wire.identity import NodeIdentity
 
     await _offer_flood(addr, stats, [NodeIdentity.generate()], senders=24)
 
@@ -545,7 +545,7 @@ async def one_key_flood(addr: str, stats: Counter[str]) -> None:
 @attacker
 async def sybil_flood(addr: str, stats: Counter[str]) -> None:
     """300 fresh offerer keys in turn, 48 offers in flight on one connection, each refusal followed by the next."""
-    from mesh.identity import NodeIdentity
+    from transports.wire.identity import NodeIdentity
 
     await _offer_flood(addr, stats, [NodeIdentity.generate() for _ in range(300)], senders=48)
 

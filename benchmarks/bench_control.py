@@ -18,11 +18,11 @@ import time
 import structlog
 import trio
 
-from mesh.identity import NodeIdentity
-from mesh.reasons import Rejection
 from transports.base import Admitted, Delivery, Verdict
 from transports.direct import DirectTransport
 from transports.p2p import open_host
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Rejection
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 OFFER_ID = b"\x07" * 16

@@ -48,8 +48,8 @@ from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles, print_fi
 
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
+from transports.wire.identity import NodeIdentity
 
 # Processes the mesh's nodes are spread over by default (`--mesh-procs`; 1 puts every node on one Python thread).
 MESH_PROCS = 4

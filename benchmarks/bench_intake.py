@@ -17,11 +17,11 @@ from collections.abc import Callable
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from mesh.codec import Domain
-from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
-from mesh.offers import TaskOffer, parse_offer
 from transports.base import Delivery
+from transports.wire.codec import Domain
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, parse_offer
 
 
 async def _no_reply(_: bytes) -> None:

@@ -57,16 +57,16 @@ sys.path.insert(0, str(ROOT))
 
 from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
 
-from mesh.identity import NodeIdentity  # noqa: E402
 from mesh.intake import Intake, IntakePolicy  # noqa: E402
-from mesh.offers import Limits, TaskOffer  # noqa: E402
-from mesh.reasons import Reason, Rejection  # noqa: E402
 from tests.pubsub_support import OFFER_CODE  # noqa: E402  (about 1 KB of code: what a small real task carries)
 from transports.base import Delivery, Verdict  # noqa: E402
 from transports.direct import DirectTransport  # noqa: E402
 from transports.gossip import GossipTransport  # noqa: E402
 from transports.p2p import P2PHost, open_host  # noqa: E402
 from transports.pubsub import LEAN, STOCK, PubsubTuning  # noqa: E402
+from transports.wire.identity import NodeIdentity  # noqa: E402
+from transports.wire.offers import Limits, TaskOffer  # noqa: E402
+from transports.wire.reasons import Reason, Rejection  # noqa: E402
 
 TARGET = 4.0
 DIALS = 3

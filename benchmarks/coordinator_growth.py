@@ -65,9 +65,9 @@ def load(url: str, phase: str, keys: int) -> dict[str, Any]:
     """Every key at once, each on a connection of its own, until the coordinator refuses it."""
     import httpx
 
-    from mesh.coordinator import signing
-    from mesh.identity import NodeIdentity
-    from mesh.offers import TaskOffer
+    from transports.wire import agent_requests as signing
+    from transports.wire.identity import NodeIdentity
+    from transports.wire.offers import TaskOffer
 
     counts: Counter[str] = Counter()
 

@@ -42,7 +42,7 @@ class QueueReason(enum.StrEnum):
     ABORTED = "aborted"
     # The node failed while handling the offer (a bug, not the program): another node may well run it.
     NODE_ERROR = "node_error"
-    # The run needs a stronger isolation tier than this executor offers (mesh.reasons has the same word).
+    # The run needs a stronger isolation tier than this executor offers (transports.wire.reasons has the same word).
     ISOLATION_INSUFFICIENT = "isolation_insufficient"
 
 

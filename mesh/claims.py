@@ -23,10 +23,10 @@ from typing import Any
 
 import trio
 
-from mesh.identity import public_key_of_peer_id
-from mesh.offers import ReceivedOffer, TaskResult, meets, open_result
 from mesh.peers import Heartbeat, PeerDirectory
-from mesh.reasons import Reason, Rejected, Rejection
+from transports.wire.identity import public_key_of_peer_id
+from transports.wire.offers import ReceivedOffer, TaskResult, meets, open_result
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 # Asks a peer for its current status over a direct stream: the status, or why not.
 AskStatus = Callable[[str], Awaitable[dict[str, Any] | Rejection]]

@@ -23,7 +23,7 @@ from mesh.config import SETTINGS, Auto, Bool, ConfigError, ListOf, Setting
 
 if TYPE_CHECKING:
     from mesh.config import Resolved
-    from mesh.identity import NodeIdentity
+    from transports.wire.identity import NodeIdentity
 
 # executor.contract's LANGUAGES and SANDBOXES, written out: importing the contract costs `--help` its dataclasses
 # (tests/test_cli_startup.py checks the two stay equal).
@@ -139,7 +139,7 @@ OFFER_BLE_UNSUPPORTED = (
 
 def load_identity(path: Path) -> NodeIdentity:
     """A key file problem is a message and exit code 2, never a traceback."""
-    from mesh.identity import KeyFileError, NodeIdentity
+    from transports.wire.identity import KeyFileError, NodeIdentity
 
     try:
         return NodeIdentity.load(path)
@@ -156,9 +156,9 @@ def parse_input(text: str | None) -> Any:
     """`--input`: JSON the program reads on stdin, as deep as an offer may carry (and never a crash)."""
     if text is None:
         return None
-    from mesh.codec import MAX_DEPTH, check_json_data
-    from mesh.jsontext import JsonError, parse_json
-    from mesh.reasons import Rejected
+    from transports.wire.codec import MAX_DEPTH, check_json_data
+    from transports.wire.jsontext import JsonError, parse_json
+    from transports.wire.reasons import Rejected
 
     try:
         value = parse_json(text, max_depth=MAX_DEPTH + 1)
@@ -291,8 +291,8 @@ def run(argv: list[str] | None = None) -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing key file.")
 def keygen(out: Path, force: bool) -> None:
     """Write a new node identity and print its PeerID."""
-    from mesh.identity import KeyFileError, NodeIdentity
-    from mesh.peerid import ed25519_peer_id
+    from transports.wire.identity import KeyFileError, NodeIdentity
+    from transports.wire.peerid import ed25519_peer_id
 
     identity = NodeIdentity.generate()
     try:
@@ -683,8 +683,8 @@ def offer(
     from executor.contract import Limits
     from mesh import logs
     from mesh.commands import OfferOptions, run_offer
-    from mesh.offers import MAX_CODE_CHARS
     from transports.p2p import AddressError, parse_peer_addr
+    from transports.wire.offers import MAX_CODE_CHARS
 
     if ble_os:
         raise BleUnavailable(OFFER_BLE_UNSUPPORTED)
@@ -735,7 +735,7 @@ def offer(
         emit(refused)
         sys.exit(EXIT_REFUSED)
     assert outcome.result is not None
-    from mesh.peerid import ed25519_peer_id
+    from transports.wire.peerid import ed25519_peer_id
 
     shown = {**outcome.result.to_json(), "executorPeerId": ed25519_peer_id(outcome.result.executor)}
     if replicas > 1:

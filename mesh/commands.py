@@ -20,10 +20,10 @@ from executor.policy import ExecutorPolicy
 if TYPE_CHECKING:
     # mesh.node brings libp2p (half a second): imported by the commands that run a node, never by `exec`.
     from mesh.config import NodeSettings
-    from mesh.identity import NodeIdentity
     from mesh.node import MeshNode, NodeConfig, OfferOutcome
     from transports.base import Transport
     from transports.ble.transport import BleRadio
+    from transports.wire.identity import NodeIdentity
 
 log = lazylog.get_logger("edgecoder.cli")
 
@@ -173,11 +173,11 @@ class OfferOptions:
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
     """Advertise the offer over BLE from an HCI radio, and wait for a nearby node's verified result."""
     from mesh.node import OfferOutcome
-    from mesh.offers import TaskOffer
     from transports.ble.hci import HciSpec
     from transports.ble.offering import offer_over_ble
     from transports.ble.radios import open_hci_radio
     from transports.ble.timing import PRESETS
+    from transports.wire.offers import TaskOffer
 
     assert options.ble_hci is not None
     spec = HciSpec.parse(options.ble_hci)
@@ -228,10 +228,10 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     """
     if options.ble_hci is not None:
         return await run_ble_offer(options)
-    from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
     from mesh.node import MeshNode, NodeConfig, OfferOutcome
-    from mesh.offers import Audience, TaskOffer
-    from mesh.reasons import Reason, Rejection
+    from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from transports.wire.offers import Audience, TaskOffer
+    from transports.wire.reasons import Reason, Rejection
 
     def too_large(raw: bytes) -> OfferTooLarge | None:
         if len(raw) <= DEFAULT_MAX_MESSAGE_BYTES:

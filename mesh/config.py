@@ -259,7 +259,7 @@ def _peer_addr(text: str) -> str:
 
 def _peer_id(text: str) -> str:
     """A PeerID that embeds an Ed25519 key: only those can sign offers, so only those can be allowed or denied."""
-    from mesh.identity import public_key_of_peer_id
+    from transports.wire.identity import public_key_of_peer_id
 
     public_key_of_peer_id(text)  # raises ValueError naming what is wrong
     return text
@@ -274,7 +274,7 @@ def public_key_text(text: str) -> bytes:
         except ValueError:
             pass
     if value.startswith("12D3KooW"):
-        from mesh.identity import public_key_of_peer_id
+        from transports.wire.identity import public_key_of_peer_id
 
         return public_key_of_peer_id(value)
     raise ValueError(f"{value[:80]!r} is neither 64 hex digits nor an Ed25519 PeerID (12D3KooW...)")
@@ -762,8 +762,8 @@ def node_settings(resolved: Resolved) -> NodeSettings:
 
     from executor.contract import Limits
     from executor.policy import ExecutorPolicy
-    from mesh.identity import public_key_of_peer_id
     from mesh.intake import IntakePolicy
+    from transports.wire.identity import public_key_of_peer_id
 
     v = resolved.values
     from executor.backends import parse_tiers

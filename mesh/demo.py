@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from executor.contract import Limits
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig, OfferOutcome
-from mesh.offers import TaskOffer, TaskResult, parse_offer
-from mesh.peerid import ed25519_peer_id
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, TaskResult, parse_offer
+from transports.wire.peerid import ed25519_peer_id
 
 SUM_PY = "import json, sys\nxs = json.load(sys.stdin)['xs']\nprint(f'sum of {len(xs)} numbers = {sum(xs)}')\n"
 FIB_JS = (

@@ -31,15 +31,15 @@ from typing import Literal
 import trio
 
 from executor.contract import LANGUAGES
-from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
 from mesh.fairqueue import ClassQueue
 from mesh.limits import RateLimiter
 from mesh.metrics import NodeMetrics
-from mesh.offers import ClockPolicy, ReceivedOffer, TaskOffer, check_clock, meets, now_ms, parse_offer
-from mesh.reasons import Reason, Rejected, Rejection
 from mesh.replay import ReplayMemory
 from mesh.standing import Standing
 from transports.base import Admitted, Delivery, Verdict
+from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
+from transports.wire.offers import ClockPolicy, ReceivedOffer, TaskOffer, check_clock, meets, now_ms, parse_offer
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 
 @dataclass(frozen=True)

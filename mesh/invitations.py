@@ -22,8 +22,8 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mesh.offers import MAX_INVITEES, meets
 from mesh.peers import NEAR_SAMPLE, NearRunner, PeerDirectory
+from transports.wire.offers import MAX_INVITEES, meets
 
 # Two invitees: one spare if the other is busy or gone, and a mean of at most two claim requests per offer.
 INVITEES = 2

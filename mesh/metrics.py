@@ -7,8 +7,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from executor.contract import ErrorKind, QueueReason
-from mesh.reasons import Reason
 from transports.hardening.refusals import Refusal
+from transports.wire.reasons import Reason
 
 # Every transport that delivers offers, and the gossip validator, which refuses offers before they are forwarded.
 TRANSPORTS = ("gossip", "direct", "ble", "coordinator")

@@ -33,24 +33,10 @@ from executor.contract import ErrorKind, ExecRequest, ExecResult, QueueReason, r
 from executor.policy import ExecutorPolicy
 from mesh.claims import ClaimDesk, ClaimJob, PostedOffer
 from mesh.gate import SandboxGate, SandboxMode
-from mesh.identity import NodeIdentity, public_key_of_peer_id
 from mesh.intake import Intake, IntakePolicy, Job
 from mesh.invitations import INVITEES, Candidate, candidates, choose_invitees, near_sample
 from mesh.metrics import NodeMetrics
-from mesh.offers import (
-    MAX_REPLY_ADDRS,
-    OFFER_ID_SIZE,
-    Audience,
-    TaskOffer,
-    TaskResult,
-    now_ms,
-    open_result,
-    parse_offer,
-    result_digest,
-)
-from mesh.peerid import ed25519_peer_id
 from mesh.peers import PeerDirectory
-from mesh.reasons import Reason, Rejected, Rejection
 from mesh.state import StateDir
 from mesh.status import JobLog
 from transports.addrwatch import AddressWatcher
@@ -65,6 +51,20 @@ from transports.p2p import P2PHost, listens_beyond_loopback, open_host
 from transports.presence import Presence
 from transports.relay import Relay, ReserveMode
 from transports.rendezvous import Rendezvous
+from transports.wire.identity import NodeIdentity, public_key_of_peer_id
+from transports.wire.offers import (
+    MAX_REPLY_ADDRS,
+    OFFER_ID_SIZE,
+    Audience,
+    TaskOffer,
+    TaskResult,
+    now_ms,
+    open_result,
+    parse_offer,
+    result_digest,
+)
+from transports.wire.peerid import ed25519_peer_id
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 log = structlog.get_logger("edgecoder.node")
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mesh.peerid import ed25519_peer_id
+from transports.wire.peerid import ed25519_peer_id
 
 if TYPE_CHECKING:
     from executor.contract import ExecResult

@@ -15,8 +15,6 @@ from typing import Any
 
 import trio
 
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer
 from simulations.cluster import Role
 from simulations.progress import Progress
 from simulations.report import Report
@@ -25,6 +23,8 @@ from simulations.stats import percentile, ratio
 from simulations.workload import SHORT_TASK
 from transports.ble.sim import open_simulated_radio
 from transports.ble.timing import PRESETS, LinkProfile, offer_timing
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer
 
 
 async def run(options: Options) -> tuple[Report, dict[str, Any]]:

@@ -27,8 +27,8 @@ import trio
 
 from executor.backends import parse_tiers
 from executor.policy import ExecutorPolicy
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
+from transports.wire.identity import NodeIdentity
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus

@@ -13,10 +13,7 @@ from typing import Any
 
 import trio
 
-from mesh.codec import Domain, seal
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode
-from mesh.offers import parse_offer
 from simulations.cluster import lineup, runner_policy
 from simulations.probes import digest_of
 from simulations.progress import Progress
@@ -24,6 +21,9 @@ from simulations.report import Report
 from simulations.scenario import Options, offerers, standard_sections, started
 from simulations.workload import drive_offers, summarize
 from transports.gossip import OFFERS_TOPIC
+from transports.wire.codec import Domain, seal
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import parse_offer
 
 
 def forgeries(victim: MeshNode, count: int) -> list[bytes]:

@@ -10,13 +10,13 @@ from typing import Any
 
 import trio
 
-from mesh.identity import peer_id_of
 from simulations.cluster import Cluster, lineup
 from simulations.docker_relay import DockerRelay, open_relays, sweep_containers
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options, offerers, quiet_logs, standard_sections
 from simulations.workload import Instruments, drive_offers, summarize
+from transports.wire.identity import peer_id_of
 
 GATE_INTERVAL = 1.0  # a quick gate, so that the withdrawal shows within a couple of offers
 

@@ -34,10 +34,10 @@ from typing import Any
 import trio
 
 from mesh.node import MeshNode
-from mesh.offers import parse_offer
-from mesh.reasons import Rejected
 from transports.base import Delivery, Verdict
 from transports.gossip import OFFERS_TOPIC
+from transports.wire.offers import parse_offer
+from transports.wire.reasons import Rejected
 
 # Offer message ids are sha256 digests (content-addressed, see transports/gossip.py); other topics' are from+seqno.
 OFFER_MSG_ID_SIZE = 32

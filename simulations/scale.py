@@ -35,7 +35,6 @@ import trio
 
 from executor.contract import Limits
 from mesh.node import MeshNode, OfferOutcome
-from mesh.offers import parse_offer
 from simulations.cluster import DIALS_PER_NODE, Cluster, SimNode, open_cluster
 from simulations.probes import DeliveryProbe, ReceiveCounter, SendCounter, digest_of
 from simulations.progress import Progress
@@ -46,6 +45,7 @@ from simulations.worker import crowded_defences
 from simulations.worker_client import WorkerProcess, open_workers
 from simulations.workload import SHORT_TASK
 from transports.gossip import OFFERS_TOPIC
+from transports.wire.offers import parse_offer
 
 SIZES_FULL = (16, 64, 200)
 SIZES_QUICK = (8, 16)

@@ -13,11 +13,11 @@ import trio
 
 from executor.contract import Limits
 from mesh.node import MeshNode, OfferOutcome
-from mesh.offers import parse_offer
 from simulations.cluster import Cluster, SimNode
 from simulations.probes import DeliveryProbe, ExecProbe, SendCounter, mesh_hops
 from simulations.progress import Progress
 from simulations.stats import linear_fit, percentile, ratio
+from transports.wire.offers import parse_offer
 
 SHORT_TASK = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"
 

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from mesh.identity import NodeIdentity
 from tests.test_ble_support import signed_offer, signed_result
 from transports.ble.framing import DIGEST_SIZE, SEQ, START, encode_frames, notify_frame_size
 from transports.ble.link import MAX_PENDING_MESSAGES, Inbox
@@ -48,6 +47,7 @@ from transports.ble.protocol import (
 )
 from transports.ble.reasons import BleFault
 from transports.ble.results import verify_with_mesh_codec
+from transports.wire.identity import NodeIdentity
 
 T = TypeVar("T")
 MTUS = (23, 185, 247, 517)

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from mesh.coordinator import signing
-from mesh.identity import NodeIdentity
+from transports.wire import agent_requests as signing
+from transports.wire.identity import NodeIdentity
 
 LOOPBACK = "127.0.0.1"
 

@@ -20,10 +20,10 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.network.stream.exceptions import StreamEOF
 
-from mesh.identity import NodeIdentity
 from tests.hardening_support import LOOPBACK, full_addr, stock_host
 from transports.hardening import Refusal
 from transports.p2p import P2PHost, open_host
+from transports.wire.identity import NodeIdentity
 
 NOREAD = "/test/noread/1.0.0"
 SINK = "/test/sink/1.0.0"

@@ -31,13 +31,13 @@ from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE, TYPE_DATA, YAMUX_HEADER
 from libp2p.transport.tcp.tcp import TCP
 from libp2p.transport.upgrader import TransportUpgrader
 
-from mesh.codec import unpack_strict
-from mesh.identity import NodeIdentity
 from transports.direct import OFFER_PROTOCOL
 from transports.framing import read_frame, write_frame
 from transports.hardening import Refusal
 from transports.hardening.shutdown import close_sockets_now, connections_of
 from transports.p2p import noise_only, yamux_only
+from transports.wire.codec import unpack_strict
+from transports.wire.identity import NodeIdentity
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -277,7 +277,7 @@ async def polite_swarm(
     after a refusal for want of room: a swarm that no per-peer hold-off or strike catches, which only the queue's
     classes hold back (tests/test_fairness_node.py, benchmarks/bench_attacks.py). Counts the answers by type or
     reason into `answers`; runs until cancelled."""
-    from mesh.offers import Audience, TaskOffer
+    from transports.wire.offers import Audience, TaskOffer
 
     identities = [NodeIdentity.generate() for _ in range(keys)]
     to_node = Audience.direct(peer_id(addr).to_base58())  # sent on a direct stream: addressed to the node

@@ -29,15 +29,15 @@ from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils import encode_varint_prefixed
 
-from mesh.identity import NodeIdentity
-from mesh.offers import Limits, TaskOffer, open_offer
-from mesh.reasons import Rejected, Rejection
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink
 from transports.direct import DirectTransport
 from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC, GossipTransport
 from transports.hardening import Defences, RefusalSink
 from transports.p2p import P2PHost, open_host
 from transports.pubsub import LEAN, PubsubTuning
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import Limits, TaskOffer, open_offer
+from transports.wire.reasons import Rejected, Rejection
 
 # About 1 KB of code, what a small real task is.
 OFFER_CODE = (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from executor.contract import ErrorKind, ExecResult, Limits
-from mesh.identity import NodeIdentity
-from mesh.offers import ISOLATION_TIERS, MAX_INVITEES, Audience, TaskOffer
-from mesh.peerid import ed25519_peer_id
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import ISOLATION_TIERS, MAX_INVITEES, Audience, TaskOffer
+from transports.wire.peerid import ed25519_peer_id
 
 NOW = 1_800_000_000_000  # a fixed clock for the tests: 2027-01-15
 

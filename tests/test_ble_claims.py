@@ -9,7 +9,6 @@ import dataclasses
 import msgpack
 import trio
 
-from mesh.identity import NodeIdentity
 from tests.test_ble_support import FAST, NODE, OFFERER, FakeIntake, signed_offer, signed_result
 from transports.ble import BleTransport
 from transports.ble.framing import Reassembler, encode_frames
@@ -29,6 +28,7 @@ from transports.ble.protocol import (
 )
 from transports.ble.results import verify_with_mesh_codec
 from transports.ble.sim import open_simulated_radio
+from transports.wire.identity import NodeIdentity
 
 MTU = 247
 OFFER = signed_offer()

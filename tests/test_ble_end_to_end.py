@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import trio
 
-from mesh.offers import TaskResult
 from tests.test_ble_support import FAST, NODE, OFFERER, FakeIntake, signed_offer
 from transports.base import Admitted
 from transports.ble import BleTransport
 from transports.ble.sim import open_simulated_radio
+from transports.wire.offers import TaskResult
 
 
 def test_offer_claim_and_verified_result_over_simulated_radio() -> None:

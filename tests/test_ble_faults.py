@@ -8,13 +8,13 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from mesh.identity import NodeIdentity
-from mesh.reasons import Reason
 from tests.test_ble_support import FAST, NODE, OFFERER, FakeIntake, signed_offer
 from transports.base import Admitted
 from transports.ble import BleReason, BleTransport, ProximityPolicy, SessionOutcome
 from transports.ble.peripheral import PeripheralFaults
 from transports.ble.sim import open_simulated_radio
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason
 
 DEADLINE_S = 60  # a failure guard for readiness waits, never a speed assertion
 

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mesh.identity import NodeIdentity
 from tests import ble_fuzz
 from tests.test_ble_support import NODE, signed_offer, signed_result
 from transports.ble.framing import DIGEST_SIZE, Reassembler, encode_frames, notify_frame_size
@@ -35,6 +34,7 @@ from transports.ble.protocol import (
 )
 from transports.ble.reasons import BleFault
 from transports.ble.results import verify_with_mesh_codec
+from transports.wire.identity import NodeIdentity
 
 OFFER = signed_offer(pad=500)
 NONCE = bytes(range(NONCE_SIZE))

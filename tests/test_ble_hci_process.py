@@ -188,7 +188,7 @@ def docker_node(workdir: Path, docker_api: Any) -> Iterator[tuple[BleNode, Contr
 
 
 def executor_of(node: BleNode) -> str:
-    from mesh.identity import public_key_of_peer_id
+    from transports.wire.identity import public_key_of_peer_id
 
     return public_key_of_peer_id(node.ready["peerId"]).hex()
 

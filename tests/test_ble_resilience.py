@@ -10,7 +10,6 @@ import random
 import pytest
 import trio
 
-from mesh.reasons import Reason
 from tests.test_ble_support import FAST, NODE, OFFERER, FakeIntake, signed_offer
 from transports.base import Admitted
 from transports.ble import BleReason, BleTransport
@@ -18,6 +17,7 @@ from transports.ble.central import connect_with_retries
 from transports.ble.peripheral import PeripheralFaults
 from transports.ble.reasons import BleFault
 from transports.ble.sim import open_simulated_radio
+from transports.wire.reasons import Reason
 
 DEADLINE_S = 60  # a failure guard for readiness waits, never a speed assertion
 

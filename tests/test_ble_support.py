@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import trio
 
 from executor.contract import ExecResult
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer, TaskResult, open_offer
-from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, Verdict
 from transports.ble.policy import ProximityPolicy
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, TaskResult, open_offer
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 OFFERER = NodeIdentity.generate()
 NODE = NodeIdentity.generate()

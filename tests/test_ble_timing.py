@@ -9,11 +9,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.identity import NodeIdentity
 from transports.ble import timing
 from transports.ble.framing import encode_frames, notify_frame_size
 from transports.ble.protocol import Answer, Capabilities, Claim, Kind, PeerInfo
 from transports.ble.timing import PRESETS, frames_for, largest_offer_delivered_within, offer_timing
+from transports.wire.identity import NodeIdentity
 
 
 @given(st.integers(0, 20_000), st.integers(23, 517))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import trio
 
 from mesh.claims import ClaimDesk
-from mesh.identity import NodeIdentity
 from mesh.node import RAN_HISTORY, MeshNode, NodeConfig
-from mesh.offers import TaskOffer, parse_offer
 from mesh.peers import PeerDirectory
-from mesh.reasons import Reason
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, parse_offer
+from transports.wire.reasons import Reason
 
 OFFERER = NodeIdentity.generate()
 

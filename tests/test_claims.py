@@ -8,10 +8,10 @@ import trio
 
 from executor.contract import ExecResult, Limits
 from mesh.claims import LEASE_MARGIN_S, ClaimDesk, ClaimJob
-from mesh.identity import NodeIdentity
-from mesh.offers import Audience, TaskOffer, TaskResult, parse_offer
 from mesh.peers import PeerDirectory
-from mesh.reasons import Reason, Rejection
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import Audience, TaskOffer, TaskResult, parse_offer
+from transports.wire.reasons import Reason, Rejection
 
 OFFERER = NodeIdentity.generate()
 RUNNER_A = NodeIdentity.generate()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mesh import cli
-from mesh.identity import NodeIdentity
+from transports.wire.identity import NodeIdentity
 
 # A PeerID that is a sha256 multihash (an RSA key's form): it embeds no Ed25519 key, so it cannot sign offers.
 RSA_STYLE_PEER_ID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"

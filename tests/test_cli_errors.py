@@ -144,7 +144,7 @@ def test_an_unexpected_error_is_one_line_unless_debug(
     """Fault injection into the entry point: whatever escapes a command is one line and exit 1, or, with --debug,
     the traceback a developer needs."""
     from mesh import cli
-    from mesh.identity import NodeIdentity
+    from transports.wire.identity import NodeIdentity
 
     def broken() -> NodeIdentity:
         raise RuntimeError("injected")

@@ -286,9 +286,9 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
     tmp_path: Path, keys: dict[str, Path], docker_api: Any
 ) -> None:
     from executor.contract import Limits
-    from mesh.identity import NodeIdentity
-    from mesh.offers import TaskOffer, open_result
     from tests.coordinator_support import CoordinatorProcess, read_task
+    from transports.wire.identity import NodeIdentity
+    from transports.wire.offers import TaskOffer, open_result
 
     coordinator = CoordinatorProcess(tmp_path / "tasks.sqlite")
     url = coordinator.start()

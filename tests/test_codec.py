@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor.contract import ExecResult
-from mesh.codec import Domain, pack, seal
-from mesh.identity import NodeIdentity
-from mesh.offers import (
+from tests.strategies import NOW, OFFERER, exec_results, offers
+from transports.wire.codec import Domain, pack, seal
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import (
     ClockPolicy,
     TaskOffer,
     TaskResult,
@@ -21,8 +22,7 @@ from mesh.offers import (
     open_result,
     parse_offer,
 )
-from mesh.reasons import Reason, Rejected
-from tests.strategies import NOW, OFFERER, exec_results, offers
+from transports.wire.reasons import Reason, Rejected
 
 EXECUTOR = NodeIdentity(bytes(range(32, 64)))
 
@@ -218,16 +218,16 @@ def test_result_with_forged_executor_field_is_refused() -> None:
 
 def test_parse_does_no_signature_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Parsing is the cheap part: the one signature check happens in `signature_valid`, and only there."""
-    import mesh.codec
+    import transports.wire.codec
 
     calls: list[bytes] = []
-    real = mesh.codec.verify
+    real = transports.wire.codec.verify
 
     def counting(public_key: bytes, signature: bytes, message: bytes) -> bool:
         calls.append(message)
         return real(public_key, signature, message)
 
-    monkeypatch.setattr(mesh.codec, "verify", counting)
+    monkeypatch.setattr(transports.wire.codec, "verify", counting)
     received = parse_offer(offer_at_now().sign(OFFERER))
     assert calls == []
     assert received.digest == hashlib.sha256(received.raw).digest()

@@ -18,7 +18,7 @@ from mesh.config import (
     node_settings,
     resolve,
 )
-from mesh.identity import NodeIdentity
+from transports.wire.identity import NodeIdentity
 
 
 def write(tmp_path: Path, text: str) -> Path:

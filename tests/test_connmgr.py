@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Callable
 
 import trio
 
-from mesh.identity import NodeIdentity
 from tests.test_p2p_fakes import LOOPBACK, wait_until
 from transports.connmgr import ConnectionManager
 from transports.p2p import P2PHost, open_host
+from transports.wire.identity import NodeIdentity
 
 INTERVAL_S = 0.05  # the manager's rebalancing period: short, so that the readiness waits below return soon
 

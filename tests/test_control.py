@@ -15,15 +15,15 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.stream_muxer.yamux.yamux import TYPE_WINDOW_UPDATE, YAMUX_HEADER_FORMAT
 
-from mesh.codec import pack, unpack_strict
-from mesh.identity import NodeIdentity
-from mesh.reasons import Reason, Rejection
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wait_until
 from transports.control import CONTROL_PROTOCOL
 from transports.direct import MAX_CONTROL_FRAME, DirectTransport
 from transports.framing import read_frame, write_frame
 from transports.p2p import P2PHost, open_host
 from transports.pubsub import LEAN, STOCK, PubsubTuning
+from transports.wire.codec import pack, unpack_strict
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason, Rejection
 
 OFFER_ID = b"\x01" * 16
 

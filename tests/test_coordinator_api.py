@@ -16,10 +16,10 @@ import pytest
 import trio
 
 from executor.contract import ExecResult
-from mesh.coordinator import signing
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer, TaskResult
 from tests.coordinator_support import AgentClient, CoordinatorProcess, read_task
+from transports.wire import agent_requests as signing
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, TaskResult
 
 
 def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -37,7 +37,7 @@ def signed_offer(offerer: NodeIdentity | None = None, **kw: Any) -> bytes:
 
 
 def signed_result(offer_raw: bytes, executor: NodeIdentity, *, signer: NodeIdentity | None = None) -> bytes:
-    from mesh.offers import parse_offer
+    from transports.wire.offers import parse_offer
 
     offer = parse_offer(offer_raw).offer
     result = TaskResult(
@@ -49,7 +49,7 @@ def signed_result(offer_raw: bytes, executor: NodeIdentity, *, signer: NodeIdent
     if signer is None:
         return result.sign(executor)
     # A forgery: the fields name the executor, the signature is someone else's.
-    from mesh.codec import Domain, seal
+    from transports.wire.codec import Domain, seal
 
     return seal(Domain.RESULT, result.to_wire_fields(), signer)
 
@@ -292,7 +292,7 @@ def test_a_release_that_blames_a_really_bad_offer_fails_the_task(tmp_path: Path)
         raw = signed_offer(ttl_ms=1500)
         task_id = enqueue(coordinator, raw)
         assert agent.pull().json()["task"]["taskId"] == task_id
-        from mesh.offers import parse_offer
+        from transports.wire.offers import parse_offer
 
         expires = parse_offer(raw).offer.expires_at_ms
         wait_until(lambda: signing.now_ms() > expires + 50, what="the offer to expire")

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mesh.coordinator.cli import coordinator, parse_listen
-from mesh.identity import NodeIdentity
+from transports.wire.identity import NodeIdentity
 
 
 @pytest.mark.parametrize(

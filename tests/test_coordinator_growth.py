@@ -18,10 +18,10 @@ import httpx
 import pytest
 import trio
 
-from mesh.coordinator import signing
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer
 from tests.coordinator_support import CoordinatorProcess
+from transports.wire import agent_requests as signing
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer
 
 KEYS = 60
 OFFERS_PER_KEY = 4

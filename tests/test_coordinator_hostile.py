@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import trio
 
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer, parse_offer
 from tests.hostile_http import Answer, HostileHTTP
 from transports.base import Admitted, Delivery, Verdict
 from transports.coordinator import CoordinatorPullTransport
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, parse_offer
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 JSON_HEADERS = [("content-type", "application/json")]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer
 from tests.coordinator_support import AgentClient, CoordinatorProcess, read_task
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer
 
 OFFERER = NodeIdentity.generate()  # the key that may read these tests' tasks back
 

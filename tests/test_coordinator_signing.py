@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.coordinator import signing
-from mesh.coordinator.errors import Refused
 from mesh.coordinator.release import disposition_of
-from mesh.identity import NodeIdentity
-from mesh.reasons import Reason
+from transports.wire import agent_requests as signing
+from transports.wire.coordinator_errors import Refused
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason
 
 IDENTITY = NodeIdentity(bytes(range(32)))
 NOW = 1_800_000_000_000

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mesh.identity import NodeIdentity
 from tests.coordinator_support import CoordinatorProcess
 from tests.test_cli_process import NodeProcess
+from transports.wire.identity import NodeIdentity
 
 CLI = [sys.executable, "-m", "mesh.cli"]
 SUM = "import json, sys\nprint(sum(json.load(sys.stdin)['xs']))\n"

@@ -14,13 +14,13 @@ import pytest
 import trio
 
 from executor.contract import ExecResult
-from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
-from mesh.offers import TaskOffer, TaskResult, parse_offer
-from mesh.reasons import Reason, Rejection
 from tests.coordinator_support import CoordinatorProcess, read_task
 from transports.base import Admitted, Delivery, Verdict
 from transports.coordinator import CoordinatorPullTransport
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, TaskResult, parse_offer
+from transports.wire.reasons import Reason, Rejection
 
 FAST: dict[str, Any] = {"poll_interval": 0.05, "heartbeat_interval": 0.1}
 

@@ -214,7 +214,7 @@ FORBIDDEN_WORDS = ("image", "mount", "bind", "volume", "device", "runtime", "pri
 
 
 def test_neither_an_offer_nor_a_run_request_has_a_field_for_an_image_or_a_mount() -> None:
-    from mesh.offers import TaskOffer
+    from transports.wire.offers import TaskOffer
 
     for schema in (TaskOffer, ExecRequest, Limits):
         names = [f.name.lower() for f in dataclasses.fields(schema)]

@@ -10,7 +10,7 @@ from executor.subset import SubsetViolation, check_subset
 
 MAX_CONSTRUCT_CHARS = 200  # TEMP for the failing run
 
-MESH_OFFER_CHARS = 128 * 1024  # mesh/offers.py MAX_CODE_CHARS: the largest code a peer can send
+MESH_OFFER_CHARS = 128 * 1024  # transports/wire/offers.py MAX_CODE_CHARS: the largest code a peer can send
 
 PY_VIOLATIONS = [
     ("eval('1')", "eval()"),

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import trio
 
-from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy, Job
-from mesh.offers import TaskOffer
-from mesh.reasons import Reason, Rejection
 from mesh.standing import Standing
 from tests.strategies import NOW
 from transports.base import Admitted, Delivery
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer
+from transports.wire.reasons import Reason, Rejection
 
 HONEST = NodeIdentity(bytes([7]) * 32)
 WORKERS = 2

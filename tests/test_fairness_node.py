@@ -27,10 +27,10 @@ import httpx
 import pytest
 import trio
 
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.reasons import Reason
 from tests.hardening_support import polite_swarm
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason
 
 pytestmark = pytest.mark.docker
 

@@ -13,14 +13,14 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.identity import NodeIdentity
-from mesh.reasons import Reason, Rejection
 from tests.test_hardening_penalties import Clock, send_raw, server
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, run_trio, wait_until
 from transports.direct import OFFER_PROTOCOL, DirectTransport
 from transports.hardening import PenaltyLimits, Refusal
 from transports.hardening.holdoff import BusyHoldoff, HoldoffLimits
 from transports.p2p import open_host
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason, Rejection
 
 # -- the state machine -------------------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from libp2p.network.config import ConnectionConfig
 from libp2p.network.swarm import Swarm
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 
-from mesh.identity import NodeIdentity
 from tests.hardening_support import (
     LOOPBACK,
     RefusalLog,
@@ -46,6 +45,7 @@ from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import AdmissionLimits, ConnectionBudget, Defences, GuardedSwarm, Refusal
 from transports.hardening.inbound import classify_upgrade_failure
 from transports.p2p import DialError, P2PHost, open_host
+from transports.wire.identity import NodeIdentity
 
 HONEST = "127.0.0.1"
 

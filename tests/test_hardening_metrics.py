@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from mesh.identity import NodeIdentity
 from mesh.metrics import NodeMetrics
 from tests.hardening_support import LOOPBACK, attacker_ip, idle_sockets, stock_host, try_dial_from
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import Defences, Refusal, Refusals
 from transports.p2p import open_host
+from transports.wire.identity import NodeIdentity
 
 
 def refusals_in(metrics: NodeMetrics) -> dict[str, float]:

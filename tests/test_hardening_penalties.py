@@ -14,10 +14,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.codec import pack
-from mesh.identity import NodeIdentity
 from mesh.metrics import NodeMetrics
-from mesh.reasons import Reason, Rejection
 from tests.hardening_support import RefusalLog
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wait_until
 from transports.direct import CLAIM_PROTOCOL, OFFER_PROTOCOL, DirectTransport
@@ -25,6 +22,9 @@ from transports.framing import FrameError, read_frame, write_frame
 from transports.hardening import Defences, PenaltyBox, PenaltyLimits, Refusal
 from transports.hardening.holdoff import BusyHoldoff, HoldoffLimits
 from transports.p2p import DialError, P2PHost, open_host
+from transports.wire.codec import pack
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason, Rejection
 
 # -- the state machine -------------------------------------------------------------------------------------------
 

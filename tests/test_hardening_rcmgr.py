@@ -12,7 +12,6 @@ from libp2p.abc import IHost
 from libp2p.rcmgr import ResourceLimits, ResourceManager
 from libp2p.rcmgr.connection_limits import ConnectionLimits
 
-from mesh.identity import NodeIdentity
 from tests.hardening_support import (
     LOOPBACK,
     RefusalLog,
@@ -26,6 +25,7 @@ from tests.hardening_support import (
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import ConnectionBudget, Defences, Refusal
 from transports.p2p import P2PHost, open_host
+from transports.wire.identity import NodeIdentity
 
 HONEST = "127.0.0.1"
 

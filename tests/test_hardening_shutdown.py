@@ -21,11 +21,11 @@ from libp2p.network.swarm import Swarm
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
-from mesh.identity import NodeIdentity
 from tests.hardening_support import LOOPBACK, data_frame, dial_from, fresh_peer, full_addr, stock_host
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening.shutdown import close_sockets_now, connections_of, socket_stream_under
 from transports.p2p import open_host
+from transports.wire.identity import NodeIdentity
 
 HONEST = "127.0.0.1"
 

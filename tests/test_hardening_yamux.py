@@ -21,7 +21,6 @@ from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux, YamuxStream
 
-from mesh.identity import NodeIdentity
 from tests.hardening_node import NOREAD, SINK
 from tests.hardening_support import (
     LOOPBACK,
@@ -36,6 +35,7 @@ from tests.hardening_support import (
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.hardening import BoundedYamux, Defences, Refusal, StreamLimits
 from transports.p2p import P2PHost, open_host
+from transports.wire.identity import NodeIdentity
 
 MB = 1_000_000
 MiB = 1 << 20

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mesh.cli import main
-from mesh.identity import KeyFileError, NodeIdentity, public_key_of_peer_id, verify
+from transports.wire.identity import KeyFileError, NodeIdentity, public_key_of_peer_id, verify
 
 
 def test_keygen_writes_a_0600_seed_and_prints_the_peer_id(tmp_path: Path) -> None:

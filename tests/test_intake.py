@@ -11,13 +11,13 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.codec import pack
-from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
-from mesh.offers import Audience, TaskOffer
-from mesh.reasons import Reason, Rejection
 from tests.strategies import NOW, OFFERER, offers
 from transports.base import Admitted, Delivery
+from transports.wire.codec import pack
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import Audience, TaskOffer
+from transports.wire.reasons import Reason, Rejection
 
 OTHER = NodeIdentity(bytes(range(100, 132)))
 
@@ -290,16 +290,16 @@ def test_forgeries_cannot_burn_a_real_offerers_offer_id() -> None:
 
 def test_garbage_costs_no_signature_work(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = 0
-    import mesh.codec
+    import transports.wire.codec
 
-    real = mesh.codec.verify
+    real = transports.wire.codec.verify
 
     def counting(*args: Any) -> bool:
         nonlocal calls
         calls += 1
         return real(*args)
 
-    monkeypatch.setattr(mesh.codec, "verify", counting)
+    monkeypatch.setattr(transports.wire.codec, "verify", counting)
     intake, _ = make_intake()
     for raw in (b"", b"\x00" * 300_000, b"\x92\xc4\x01a\xc4\x01b", offer(issued_at_ms=NOW - 10**6)):
         assert isinstance(deliver(intake, raw), Rejection)
@@ -311,9 +311,9 @@ def test_the_gossip_validator_is_stateless_and_spares_the_second_verify(monkeypa
     good = offer()
     assert intake.validate(good) is None
     assert intake.validate(good) is None  # no replay state consumed
-    import mesh.codec
+    import transports.wire.codec
 
-    monkeypatch.setattr(mesh.codec, "verify", lambda *a: pytest.fail("verified twice"))
+    monkeypatch.setattr(transports.wire.codec, "verify", lambda *a: pytest.fail("verified twice"))
     assert isinstance(deliver(intake, good, "gossip"), Admitted)
     body, _ = msgpack.unpackb(good)
     monkeypatch.undo()

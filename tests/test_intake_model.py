@@ -10,12 +10,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy, Job
-from mesh.offers import TaskOffer
-from mesh.reasons import Reason, Rejection
 from tests.strategies import NOW
 from transports.base import Admitted, Delivery
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer
+from transports.wire.reasons import Reason, Rejection
 
 IDENTITIES = [NodeIdentity(bytes([n]) * 32) for n in (1, 2, 3)]
 OFFERS = [

@@ -27,15 +27,15 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from mesh.codec import pack
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.offers import TaskOffer, parse_offer
 from tests.docker_support import sandbox_policy, wait_pool_ready
 from tests.interop.jspeer import JsPeer, JsPeerError, summed
 from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
 from transports.p2p import DialError
 from transports.pubsub.tuning import IDONTWANT_THRESHOLD
+from transports.wire.codec import pack
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, parse_offer
 
 pytestmark = pytest.mark.interop
 

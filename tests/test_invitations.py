@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mesh.invitations import Candidate, candidates, choose_invitees, near_sample
-from mesh.offers import ISOLATION_TIERS, MAX_INVITEES, meets
 from mesh.peers import NEAR_SAMPLE, PeerDirectory
+from transports.wire.offers import ISOLATION_TIERS, MAX_INVITEES, meets
 
 ME = "12D3KooWme"
 PEERS = [f"12D3KooWpeer{i:02d}" for i in range(24)]

@@ -34,12 +34,12 @@ from executor.policy import ExecutorPolicy
 from executor.runner import Executor
 from mesh.doctor import run_doctor
 from mesh.gate import SandboxGate
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from mesh.status import node_status
 from tests.conftest import _skip_or_fail, containers_of, docker_problem
 from tests.docker_support import sandbox_policy
 from tests.private_dockerd import PrivateDockerd, private_dockerd, private_dockerd_problem
+from transports.wire.identity import NodeIdentity
 
 POLICY = ExecutorPolicy(subset_check=False, pool_size=0)
 BOTH = replace(POLICY, isolation=("runc", "gvisor"))

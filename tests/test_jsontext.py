@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.jsontext import JsonError, json_depth, parse_json
+from transports.wire.jsontext import JsonError, json_depth, parse_json
 
 
 @pytest.mark.parametrize("depth", [33, 1000, 100_000])

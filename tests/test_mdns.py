@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from mesh.cli import config_show, node, resolve_settings
 from mesh.commands import NodeOptions, node_config
 from mesh.config import node_settings
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from transports.mdns import LanDiscovery
+from transports.wire.identity import NodeIdentity
 
 LOOPBACK4 = "/ip4/127.0.0.1/tcp/0"
 LOOPBACK6 = "/ip6/::1/tcp/0"

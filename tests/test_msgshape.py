@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.codec import MAX_WIRE_DEPTH, unpack_strict
-from mesh.msgshape import check_shape
-from mesh.reasons import Reason, Rejected
+from transports.wire.codec import MAX_WIRE_DEPTH, unpack_strict
+from transports.wire.msgshape import check_shape
+from transports.wire.reasons import Reason, Rejected
 
 values = st.recursive(
     st.none()

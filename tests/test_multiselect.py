@@ -15,10 +15,10 @@ from libp2p.protocol_muxer.exceptions import MultiselectError
 from libp2p.protocol_muxer.multiselect import MULTISELECT_PROTOCOL_ID, Multiselect
 from libp2p.protocol_muxer.multiselect_communicator import MultiselectCommunicator
 
-from mesh.identity import NodeIdentity
 from tests.test_p2p_fakes import LOOPBACK, run_trio
 from transports.framing import read_frame, write_frame
 from transports.multiselect import SettledMultiselect
+from transports.wire.identity import NodeIdentity
 
 PROTOCOL = TProtocol("/edgecoder/test-removed/1.0.0")
 

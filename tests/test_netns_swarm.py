@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from mesh.identity import NodeIdentity
 from tests.netns import Host, NodeProcess, OfferProcess, OfferRun, Timings, Topology, make_key, run_offer
 from tests.netns.fixtures import topology
+from transports.wire.identity import NodeIdentity
 
 pytestmark = [pytest.mark.netns]
 

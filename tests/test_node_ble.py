@@ -10,13 +10,13 @@ import trio
 
 from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 from executor.contract import SANDBOX_REQUIRED
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.offers import TaskOffer
-from mesh.reasons import Reason
 from tests.docker_support import sandbox_policy
 from transports.ble import BleTransport
 from transports.ble.sim import SimulatedRadioHandle, open_simulated_radio
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer
+from transports.wire.reasons import Reason
 
 LAPTOP = NodeIdentity.generate()
 

@@ -8,14 +8,14 @@ import pytest
 import trio
 
 from executor.contract import ErrorKind, Limits, QueueReason
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode
-from mesh.offers import Audience, TaskOffer
 from tests.conftest import containers_of
 from tests.docker_support import sandbox_policy, wait_pool_ready
 from tests.test_node_mesh import mesh, offer_id, run
 from transports.direct import OFFER_PROTOCOL
 from transports.framing import write_frame
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import Audience, TaskOffer
 
 pytestmark = pytest.mark.docker
 

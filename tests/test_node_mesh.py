@@ -12,15 +12,15 @@ import pytest
 import trio
 
 from executor.contract import SANDBOX_REQUIRED, Limits
-from mesh.codec import Domain, pack, seal
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
-from mesh.offers import Audience, TaskOffer, parse_offer
-from mesh.reasons import Reason
 from simulations.docker_relay import open_relays
 from tests.conftest import containers_of
 from tests.docker_support import sandbox_policy, wait_pool_ready
 from transports.base import Delivery, Verdict
+from transports.wire.codec import Domain, pack, seal
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import Audience, TaskOffer, parse_offer
+from transports.wire.reasons import Reason
 
 pytestmark = pytest.mark.docker
 
@@ -280,9 +280,9 @@ class TimedIntake:
 def test_a_msgpack_bomb_on_a_direct_stream_is_refused_for_microseconds_of_cpu_and_the_node_keeps_serving() -> None:
     """Issue 11: 5 KB of nested array32 headers cost the node 80-200 ms of CPU and about 66 MB before it was refused,
     ahead of any signature or rate check. Sent on real direct offer streams, each bomb is refused `malformed` by the
-    shape walk (mesh/msgshape.py) for microseconds of CPU. Checked: with the codec as it was before the walk (no
-    `check_shape`, msgpack's limits at half the size cap) each bomb cost 46-55 ms here and the 5 ms bound fails. Five
-    bombs stay under the penalty box's ten strikes, so the same offerer is then served."""
+    shape walk (transports/wire/msgshape.py) for microseconds of CPU. Checked: with the codec as it was before the walk
+    (no `check_shape`, msgpack's limits at half the size cap) each bomb cost 46-55 ms here and the 5 ms bound fails.
+    Five bombs stay under the penalty box's ten strikes, so the same offerer is then served."""
 
     async def main() -> None:
         async with mesh(runners=1) as m:

@@ -10,9 +10,6 @@ from typing import Any
 
 import trio
 
-from mesh.codec import pack, unpack_strict
-from mesh.identity import NodeIdentity
-from mesh.reasons import Reason, Rejection
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wait_until
 from transports.direct import (
     CLAIM_PROTOCOL,
@@ -23,6 +20,9 @@ from transports.direct import (
 )
 from transports.framing import read_frame, write_frame
 from transports.p2p import P2PHost, open_host
+from transports.wire.codec import pack, unpack_strict
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason, Rejection
 
 OFFER = b"\x92\xc4\x03abc\xc4\x02sg"  # the transport never decodes an offer: any bytes will do here
 RESULT = b"signed-result-bytes"

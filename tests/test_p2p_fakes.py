@@ -12,8 +12,8 @@ from typing import Any
 
 import trio
 
-from mesh.reasons import Rejection
 from transports.base import Admitted, Delivery, Verdict
+from transports.wire.reasons import Rejection
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import trio
 
-from mesh.identity import NodeIdentity
-from mesh.offers import TaskOffer, open_offer
-from mesh.reasons import Reason, Rejected, Rejection
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wait_until
 from transports.direct import DirectTransport
 from transports.gossip import GossipTransport
 from transports.p2p import P2PHost, open_host
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import TaskOffer, open_offer
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 
 def check_offer(raw: bytes) -> Rejection | None:

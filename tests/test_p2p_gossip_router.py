@@ -30,7 +30,6 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils import encode_varint_prefixed, read_varint_prefixed_bytes
 
-from mesh.identity import NodeIdentity
 from tests.test_p2p_fakes import LOOPBACK, run_trio, wait_until
 from tests.test_p2p_gossip import check_offer, link, nodes
 from transports.gossip import (
@@ -40,6 +39,7 @@ from transports.gossip import (
     message_id,
 )
 from transports.p2p import DialError, P2PHost, open_host
+from transports.wire.identity import NodeIdentity
 
 UNSPECIFIED_MESHSUB = ("/meshsub/1.3.0", "/meshsub/1.4.0", "/meshsub/2.0.0")
 

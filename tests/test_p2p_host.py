@@ -8,9 +8,9 @@ from libp2p import new_host
 from libp2p.network.config import ConnectionConfig
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 
-from mesh.identity import NodeIdentity
 from tests.test_p2p_fakes import LOOPBACK, run_trio
 from transports.p2p import DialError, P2PHost, open_host, yamux_only
+from transports.wire.identity import NodeIdentity
 
 
 def test_addrs_are_full_multiaddrs_with_the_real_port() -> None:

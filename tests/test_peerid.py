@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from libp2p.crypto.ed25519 import Ed25519PublicKey
 from libp2p.peer.id import ID
 
-from mesh.peerid import ed25519_peer_id
+from transports.wire.peerid import ed25519_peer_id
 
 
 @given(st.binary(min_size=32, max_size=32))

@@ -10,13 +10,13 @@ from typing import Any
 
 import trio
 
-from mesh.identity import NodeIdentity
 from mesh.invitations import near_sample
 from mesh.peers import PeerDirectory
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, RecordingSink, run_trio, wait_until
 from transports.direct import DirectTransport
 from transports.p2p import P2PHost, open_host
 from transports.presence import Presence
+from transports.wire.identity import NodeIdentity
 
 
 @dataclass

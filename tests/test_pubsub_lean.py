@@ -22,7 +22,6 @@ from libp2p.stream_muxer.yamux.yamux import TYPE_WINDOW_UPDATE, YAMUX_HEADER_FOR
 from libp2p.utils import encode_varint_prefixed
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-from mesh.identity import NodeIdentity
 from simulations.probes import SendCounter
 from tests.pubsub_support import GossipNode, gossip_node, make_offer
 from tests.test_p2p_fakes import run_trio, wait_until
@@ -39,6 +38,7 @@ from transports.pubsub import (
 from transports.pubsub.reads import BufferedRawConnection, BufferedReader
 from transports.pubsub.router import LeanGossipSub, trim_delivery_history
 from transports.pubsub.tuning import IDONTWANT_THRESHOLD
+from transports.wire.identity import NodeIdentity
 
 # -- the pieces ---------------------------------------------------------------------------------------------------
 

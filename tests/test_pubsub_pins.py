@@ -29,7 +29,6 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-from mesh.identity import NodeIdentity
 from tests.pubsub_support import gossip_node, make_offer
 from tests.test_p2p_fakes import run_trio, wait_until
 from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
@@ -37,6 +36,7 @@ from transports.hardening.yamux import CappedWindowStream
 from transports.pubsub import LEAN, STOCK, BufferedReader, GossipScorer, PubsubTuning, batch_credit, score_params
 from transports.pubsub.reads import BatchedCreditStream, BatchedCreditYamuxStream
 from transports.pubsub.router import LeanGossipSub, trim_delivery_history
+from transports.wire.identity import NodeIdentity
 
 
 def test_the_version_is_the_one_the_overrides_were_measured_on() -> None:

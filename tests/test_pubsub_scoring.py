@@ -6,9 +6,6 @@ from __future__ import annotations
 
 from libp2p.peer.id import ID
 
-from mesh.identity import NodeIdentity
-from mesh.offers import now_ms
-from mesh.reasons import Rejection
 from tests.hardening_support import RefusalLog
 from tests.pubsub_support import GossipFlooder, gossip_node, make_offer
 from tests.test_p2p_fakes import run_trio, wait_until
@@ -16,6 +13,9 @@ from transports.gossip import OFFERS_TOPIC
 from transports.hardening import Refusal
 from transports.pubsub import STOCK, GossipScorer, score_params
 from transports.pubsub.scoring import GRAYLIST_THRESHOLD
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import now_ms
+from transports.wire.reasons import Rejection
 
 FLOOD_RATE = 250.0  # bad-signature offers a second, about issue 11's 247
 

@@ -13,11 +13,11 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from mesh.identity import NodeIdentity
 from mesh.node import MeshNode, NodeConfig
 from tests.test_p2p_fakes import LOOPBACK, wait_until
 from transports.p2p import open_host
 from transports.relay import HardenedRelayProtocol, Relay, RelayServiceLimits
+from transports.wire.identity import NodeIdentity
 
 CHECK_S = 0.05  # the clients' reservation rounds: short, so that the readiness waits below return soon
 

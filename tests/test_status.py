@@ -18,11 +18,11 @@ import httpx
 import pytest
 import trio
 
-from mesh.identity import NodeIdentity
 from mesh.metrics_server import serve_metrics
 from mesh.node import MeshNode, NodeConfig
-from mesh.reasons import Reason
 from mesh.status import health, node_status
+from transports.wire.identity import NodeIdentity
+from transports.wire.reasons import Reason
 
 CLI = [sys.executable, "-m", "mesh.cli"]
 

@@ -15,9 +15,9 @@ from typing import Any
 import msgpack
 
 from executor.contract import ErrorKind, ExecResult, Limits
-from mesh.codec import Domain
-from mesh.identity import NodeIdentity
-from mesh.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
+from transports.wire.codec import Domain
+from transports.wire.identity import NodeIdentity
+from transports.wire.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
 
 VECTORS = Path(__file__).parent / "vectors"
 OFFERER_SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")  # RFC 8032 test 1

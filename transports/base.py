@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mesh.reasons import Rejection
+from transports.wire.reasons import Rejection
 
 # Asks the offerer for the right to run this offer. True means granted. Direct offers are addressed to us and need
 # no claim; gossip and BLE offers are heard by many and must be claimed so that each runs once.

@@ -38,12 +38,12 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.io.exceptions import IOException
 
-from mesh.codec import pack, unpack_strict
-from mesh.reasons import Reason, Rejected, Rejection
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
 from transports.p2p import DialError, P2PHost
 from transports.pubsub.reads import BufferedReader, batch_credit
 from transports.pubsub.tuning import PubsubTuning
+from transports.wire.codec import pack, unpack_strict
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ import httpx
 import structlog
 import trio
 
-from mesh.coordinator import signing
-from mesh.identity import NodeIdentity
-from mesh.jsontext import JsonError, parse_json
-from mesh.reasons import Rejection
 from transports.base import Delivery, OfferSink, Verdict
+from transports.wire import agent_requests as signing
+from transports.wire.identity import NodeIdentity
+from transports.wire.jsontext import JsonError, parse_json
+from transports.wire.reasons import Rejection
 
 log = structlog.get_logger("edgecoder.transports.coordinator")
 

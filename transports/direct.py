@@ -34,15 +34,15 @@ from typing import Any, Protocol
 import trio
 from libp2p.abc import INetStream
 
-from mesh.codec import pack, unpack_strict
-from mesh.offers import MAX_RESULT_BYTES, OFFER_ID_SIZE
-from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Admitted, Delivery, OfferSink
 from transports.control import CONTROL_PROTOCOL, ControlChannels, buffered, serve_control
 from transports.framing import FrameError, FrameFault, read_frame, write_frame
 from transports.hardening.holdoff import BusyHoldoff
 from transports.hardening.refusals import Refusal
 from transports.p2p import DialError, P2PHost
+from transports.wire.codec import pack, unpack_strict
+from transports.wire.offers import MAX_RESULT_BYTES, OFFER_ID_SIZE
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 log = logging.getLogger(__name__)
 

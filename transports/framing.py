@@ -14,7 +14,7 @@ from typing import Any
 import trio
 from libp2p.io.exceptions import IOException
 
-from mesh.codec import pack
+from transports.wire.codec import pack
 
 LENGTH = struct.Struct(">I")
 

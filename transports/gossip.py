@@ -66,9 +66,6 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
-from mesh.identity import peer_id_of
-from mesh.offers import parse_offer
-from mesh.reasons import Reason, Rejected, Rejection
 from transports.base import Delivery, OfferSink
 from transports.direct import DirectTransport, ReplyError
 from transports.p2p import P2PHost
@@ -85,6 +82,9 @@ from transports.pubsub import (
     batch_credit,
 )
 from transports.pubsub.tuning import with_gossip_features
+from transports.wire.identity import peer_id_of
+from transports.wire.offers import parse_offer
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,6 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
-from mesh.identity import NodeIdentity
 from transports.addresses import WILDCARDS, AddressBook, install_circuit_aware_addrs, ip_of, is_circuit, with_peer
 from transports.hardening import (
     Defences,
@@ -60,6 +59,7 @@ from transports.multiselect import install_settled_multiselect
 from transports.pubsub.reads import BufferedNoiseTransport
 from transports.pubsub.service import CachedAddrsHost, LeanPubsub
 from transports.pubsub.tuning import LEAN, PubsubTuning
+from transports.wire.identity import NodeIdentity
 
 log = structlog.get_logger("edgecoder.p2p")
 

@@ -25,9 +25,8 @@ from typing import Any, Protocol
 
 import trio
 
-from mesh.peers import PeerDirectory
-from mesh.reasons import Rejection
 from transports.p2p import P2PHost
+from transports.wire.reasons import Rejection
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,18 @@ StatusFn = Callable[[], dict[str, Any]]
 # At most this many status exchanges at once: a node that just got 32 connections must not open 32 streams at once.
 PARALLEL_EXCHANGES = 8
 PULL_RETRIES = (0.5, 2.0, 0.0)
+
+
+class NeighbourRecord(Protocol):
+    """Where presence keeps what each neighbour said (`mesh.peers.PeerDirectory`): presence only feeds it."""
+
+    def observe(self, peer_id: str, data: Any) -> object | None: ...
+
+    def forget(self, peer_id: str) -> None: ...
+
+    def known(self) -> set[str]: ...
+
+    def get(self, peer_id: str) -> object | None: ...
 
 
 class StatusWire(Protocol):
@@ -65,7 +76,7 @@ class Presence:
         self,
         host: P2PHost,
         wire: StatusWire,
-        directory: PeerDirectory,
+        directory: NeighbourRecord,
         status: StatusFn,
         *,
         refresh_every: float = 30.0,

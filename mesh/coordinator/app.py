@@ -30,17 +30,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
-from mesh.coordinator import signing
-from mesh.coordinator.errors import CoordinatorReason, Refused
 from mesh.coordinator.release import disposition_of
 from mesh.coordinator.store import SANDBOX_MODES, Caps, ClaimedTask, Database, SandboxMode, Store
-from mesh.identity import NodeIdentity
-from mesh.jsontext import JsonError, parse_json
 from mesh.limits import RateLimiter
-from mesh.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
-from mesh.peerid import ed25519_peer_id
-from mesh.reasons import Reason, Rejected, Rejection
+from transports.wire import agent_requests as signing
+from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
+from transports.wire.coordinator_errors import CoordinatorReason, Refused
+from transports.wire.identity import NodeIdentity
+from transports.wire.jsontext import JsonError, parse_json
+from transports.wire.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
+from transports.wire.peerid import ed25519_peer_id
+from transports.wire.reasons import Reason, Rejected, Rejection
 
 log = structlog.get_logger("edgecoder.coordinator")
 

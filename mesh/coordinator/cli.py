@@ -24,7 +24,7 @@ import click
 
 if TYPE_CHECKING:
     from mesh.coordinator.app import Settings
-    from mesh.identity import NodeIdentity
+    from transports.wire.identity import NodeIdentity
 
 EXIT_REFUSED = 3
 # The states a task ends in (`mesh/coordinator/store.py`); `queued` and `claimed` are still moving.
@@ -44,7 +44,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def _load_key(path: Path) -> NodeIdentity:
-    from mesh.identity import KeyFileError, NodeIdentity
+    from transports.wire.identity import KeyFileError, NodeIdentity
 
     try:
         return NodeIdentity.load(path)
@@ -64,7 +64,7 @@ async def _serve_until_signalled(db: Path, host: str, port: int, settings: Setti
             ready = {"event": "ready", "url": url}
             if key is not None:
                 ready["publicKey"] = key.public_key.hex()
-                from mesh.peerid import ed25519_peer_id
+                from transports.wire.peerid import ed25519_peer_id
 
                 ready["peerId"] = ed25519_peer_id(key.public_key)
             print(json.dumps(ready), flush=True)
@@ -248,7 +248,7 @@ def coordinator(
         raise click.UsageError("to serve, give --db FILE and --listen HOST:PORT (or use `coordinator submit`)")
     host, port = parse_listen(listen)
     identity = _load_key(key) if key is not None else None
-    from mesh.identity import public_key_of_peer_id
+    from transports.wire.identity import public_key_of_peer_id
 
     try:
         trusted = frozenset(public_key_of_peer_id(p).hex() for p in trusted_offerers)
@@ -325,9 +325,9 @@ def _read_code(path: Path, max_chars: int) -> str:
 def _parse_input(text: str | None) -> Any:
     if text is None:
         return None
-    from mesh.codec import MAX_DEPTH, check_json_data
-    from mesh.jsontext import JsonError, parse_json
-    from mesh.reasons import Rejected
+    from transports.wire.codec import MAX_DEPTH, check_json_data
+    from transports.wire.jsontext import JsonError, parse_json
+    from transports.wire.reasons import Rejected
 
     try:
         value = parse_json(text, max_depth=MAX_DEPTH + 1)
@@ -383,7 +383,7 @@ def submit(
 
     from executor.contract import Limits
     from mesh.config import coordinator_url
-    from mesh.offers import MAX_CODE_CHARS, TaskOffer
+    from transports.wire.offers import MAX_CODE_CHARS, TaskOffer
 
     try:
         base = coordinator_url(url)
@@ -400,7 +400,7 @@ def submit(
         ttl_ms=ttl_s * 1000,
     )
     raw = offer.sign(identity)
-    from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
 
     if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:  # checked before anything is sent
         raise BadInput(
@@ -416,7 +416,7 @@ def submit(
         _emit({"taskId": task_id})
         if not wait:
             return
-        from mesh.coordinator.signing import sign_request
+        from transports.wire.agent_requests import sign_request
 
         deadline = time.monotonic() + wait_s
         path = f"/tasks/{task_id}"
@@ -445,9 +445,9 @@ def _print_verified(status: dict[str, Any], raw: bytes, offer_id: bytes, digest:
     """The result, verified against the agent that held the claim, this offer's id and this offer's digest."""
     import base64
 
-    from mesh.offers import open_result
-    from mesh.peerid import ed25519_peer_id
-    from mesh.reasons import Rejected
+    from transports.wire.offers import open_result
+    from transports.wire.peerid import ed25519_peer_id
+    from transports.wire.reasons import Rejected
 
     try:
         claimant = bytes.fromhex(status["claimedBy"])

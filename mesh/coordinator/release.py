@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from mesh.reasons import Reason
+from transports.wire.reasons import Reason
 
 Disposition = Literal["failed", "requeue_elsewhere", "requeue"]
 

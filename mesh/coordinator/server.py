@@ -11,9 +11,9 @@ from hypercorn.trio import serve
 
 from mesh.bindprobe import probe_bind
 from mesh.coordinator.app import Coordinator, Settings
-from mesh.coordinator.signing import now_ms
 from mesh.coordinator.store import Database, Store
-from mesh.identity import NodeIdentity
+from transports.wire.agent_requests import now_ms
+from transports.wire.identity import NodeIdentity
 
 if TYPE_CHECKING:
     # The installed trio-stubs (which mypy prefers to trio's own hints) only know TaskStatus from trio_typing.

@@ -14,22 +14,22 @@ import msgpack
 import trio
 
 from executor.contract import ExecResult
-from mesh.codec import Domain, open_envelope, pack, unpack_strict
-from mesh.coordinator import signing
 from mesh.coordinator.app import _json_object
-from mesh.coordinator.errors import Refused
-from mesh.identity import NodeIdentity
 from mesh.intake import Intake, IntakePolicy
-from mesh.jsontext import JsonError, parse_json
-from mesh.offers import TaskOffer, TaskResult, open_offer, open_result, parse_offer
 from mesh.peers import Heartbeat
-from mesh.reasons import Rejected
 from transports.ble.framing import Reassembler, encode_frames
 from transports.ble.protocol import Answer, Capabilities, Claim, Kind, PeerInfo, Refusal
 from transports.ble.reasons import BleFault
 from transports.coordinator import parse_pull_answer
 from transports.direct import MAX_CONTROL_FRAME, decode_answer, decode_request
 from transports.framing import FrameError, read_frame
+from transports.wire import agent_requests as signing
+from transports.wire.codec import Domain, open_envelope, pack, unpack_strict
+from transports.wire.coordinator_errors import Refused
+from transports.wire.identity import NodeIdentity
+from transports.wire.jsontext import JsonError, parse_json
+from transports.wire.offers import TaskOffer, TaskResult, open_offer, open_result, parse_offer
+from transports.wire.reasons import Rejected
 
 Target = Callable[[bytes], None]
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from mesh.identity import NodeIdentity
 from tests.netns.topology import Namespace, in_ns, parse_proc_net_tcp
+from transports.wire.identity import NodeIdentity
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "mesh.cli"]

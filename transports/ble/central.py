@@ -21,7 +21,6 @@ from bleak.backends.client import BaseBleakClient
 from bleak.backends.device import BLEDevice
 from bleak.backends.scanner import AdvertisementData, BaseBleakScanner
 
-from mesh.reasons import Reason, Rejection
 from transports.base import Admitted, ClaimFn, ReplyFn, Verdict
 from transports.ble.link import GattLink, Inbox
 from transports.ble.outcomes import SessionOutcome
@@ -44,6 +43,7 @@ from transports.ble.protocol import (
     offer_digest,
 )
 from transports.ble.reasons import BleFault, BleReason
+from transports.wire.reasons import Reason, Rejection
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mesh.identity import public_key_of_peer_id, verify
 from transports.ble.framing import Reassembler, encode_frames, notify_frame_size
 from transports.ble.protocol import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -46,6 +45,7 @@ from transports.ble.protocol import (
     offer_digest,
 )
 from transports.ble.reasons import BleFault
+from transports.wire.identity import public_key_of_peer_id, verify
 
 # (raw result, claimant PeerID, offer bytes) -> the verified result; raises on anything wrong.
 ResultVerifier = Callable[[bytes, str, bytes], Any]

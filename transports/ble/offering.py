@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from mesh.offers import TaskOffer, TaskResult
-from mesh.reasons import Reason, Rejection
 from transports.ble.offer_server import RefusalRecord, ServerLimits
 from transports.ble.peripheral import PeripheralFaults
 from transports.ble.radios import HasPeerIdentity, HciRadio, OfferingPeerHandle
 from transports.ble.timing import PRESETS, offer_timing
+from transports.wire.offers import TaskOffer, TaskResult
+from transports.wire.reasons import Reason, Rejection
 
 log = structlog.get_logger("edgecoder.ble.offer")
 

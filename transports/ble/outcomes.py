@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import trio
 
-from mesh.reasons import Rejection
 from transports.base import Verdict
+from transports.wire.reasons import Rejection
 
 
 @dataclass(frozen=True, slots=True)

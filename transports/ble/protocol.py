@@ -39,8 +39,8 @@ EXCHANGE_UUID = "5e7c0de0-6d65-4a6f-8b1e-000000000004"
 # notification is sent before the central's subscription is in place.
 SEND_OFFER = b"\x01"
 
-# The offer and the result caps match the codec's own (`mesh.codec.DEFAULT_MAX_MESSAGE_BYTES` and
-# `mesh.offers.MAX_RESULT_BYTES`); they are repeated here so that the transport does not import the codec.
+# The offer and the result caps match the codec's own (`transports.wire.codec.DEFAULT_MAX_MESSAGE_BYTES` and
+# `transports.wire.offers.MAX_RESULT_BYTES`); they are repeated here so that the transport does not import the codec.
 DEFAULT_MAX_OFFER_BYTES = 256 * 1024
 DEFAULT_MAX_RESULT_BYTES = 512 * 1024
 # Everything else is tiny; a hostile peer gets no more room than this for it.
@@ -134,7 +134,8 @@ class Capabilities:
 
 
 class ClaimSigner(Protocol):
-    """What a claimant needs: its PeerID, its raw Ed25519 key and a signature (a `mesh.identity.NodeIdentity`)."""
+    """What a claimant needs: its PeerID, its raw Ed25519 key and a signature (a
+    `transports.wire.identity.NodeIdentity`)."""
 
     @property
     def peer_id(self) -> str: ...

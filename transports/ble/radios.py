@@ -25,7 +25,7 @@ __all__ = ["BleSetupError", "BlueZRadio", "HciRadio", "HciSpec", "open_bluez_rad
 
 
 class HasPeerIdentity(Protocol):
-    """What an offering peripheral needs of an identity (a `mesh.identity.NodeIdentity` fits)."""
+    """What an offering peripheral needs of an identity (a `transports.wire.identity.NodeIdentity` fits)."""
 
     @property
     def peer_id(self) -> str: ...
@@ -52,7 +52,7 @@ class OfferingPeerHandle:
         return self.peripheral.address  # fixed at creation: safe to read from any thread
 
     async def wait_result(self) -> Any:
-        """The verified result (a `mesh.offers.TaskResult` with the default verifier)."""
+        """The verified result (a `transports.wire.offers.TaskResult` with the default verifier)."""
         return await self.thread.run(self.peripheral.wait_result)
 
     async def wait_outcome(self, is_final: Callable[[RefusalRecord], bool]) -> Any:

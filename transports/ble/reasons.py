@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from mesh.reasons import Reason, Rejection
+from transports.wire.reasons import Reason, Rejection
 
 
 class BleReason(enum.StrEnum):

@@ -6,10 +6,10 @@ in the claim names the key), and it answers the offer this peripheral advertised
 
 from __future__ import annotations
 
-from mesh.identity import public_key_of_peer_id
-from mesh.offers import TaskResult, open_result
-from mesh.reasons import Reason, Rejected
 from transports.ble.protocol import offer_digest
+from transports.wire.identity import public_key_of_peer_id
+from transports.wire.offers import TaskResult, open_result
+from transports.wire.reasons import Reason, Rejected
 
 
 def verify_with_mesh_codec(raw: bytes, claimant_peer_id: str, offer: bytes) -> TaskResult:

@@ -42,8 +42,8 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
 
-from mesh.reasons import Reason
 from transports.hardening.refusals import Refusal
+from transports.wire.reasons import Reason
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.contract import LANGUAGES, SANDBOXES, ErrorKind, ExecResult, Language, Limits, SandboxKind
-from mesh.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open_envelope, pack, seal
-from mesh.identity import PUBLIC_KEY_SIZE, NodeIdentity
-from mesh.reasons import Reason, Rejected
+from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open_envelope, pack, seal
+from transports.wire.identity import PUBLIC_KEY_SIZE, NodeIdentity
+from transports.wire.reasons import Reason, Rejected
 
 OFFER_VERSION = 2
 OFFER_VERSIONS = (1, 2)

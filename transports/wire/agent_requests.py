@@ -17,9 +17,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from mesh.codec import pack
-from mesh.coordinator.errors import CoordinatorReason, Refused
-from mesh.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, NodeIdentity, verify
+from transports.wire.codec import pack
+from transports.wire.coordinator_errors import CoordinatorReason, Refused
+from transports.wire.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, NodeIdentity, verify
 
 DOMAIN = b"edgecoder-mesh/coordinator-request/v1"
 MAX_SKEW_MS = 120_000

@@ -1,8 +1,8 @@
 """The coordinator's refusal codes: each is a typed JSON body `{"reason", "detail"}` with one HTTP status.
 
-They are the coordinator's own codes, not `mesh.reasons.Reason`: most of them (a skewed clock, a replayed request
-nonce, a task claimed by another agent) describe the HTTP exchange, not an offer. A node's own rejection of an offer
-travels back inside `/release` as a `mesh.reasons.Reason` value.
+They are the coordinator's own codes, not `transports.wire.reasons.Reason`: most of them (a skewed clock, a replayed
+request nonce, a task claimed by another agent) describe the HTTP exchange, not an offer. A node's own rejection of an
+offer travels back inside `/release` as a `transports.wire.reasons.Reason` value.
 """
 
 from __future__ import annotations

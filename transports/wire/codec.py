@@ -19,9 +19,9 @@ from typing import Any
 
 import msgpack
 
-from mesh.identity import SIGNATURE_SIZE, NodeIdentity, verify
-from mesh.msgshape import check_shape
-from mesh.reasons import Reason, Rejected
+from transports.wire.identity import SIGNATURE_SIZE, NodeIdentity, verify
+from transports.wire.msgshape import check_shape
+from transports.wire.reasons import Reason, Rejected
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
 MAX_DEPTH = 16  # nesting of user data (`input`); deeper is refused before any recursion can hurt us
@@ -58,9 +58,9 @@ def pack(value: Any) -> bytes:
 
 
 def unpack_strict(data: bytes, *, max_size: int, max_depth: int = MAX_WIRE_DEPTH) -> Any:
-    """Decode what a peer sent. Its shape is walked first (`mesh.msgshape`: depth, declared sizes against the bytes
-    there are), so that decoding never allocates more than the input's own size; msgpack's limits then say the same
-    to the C decoder."""
+    """Decode what a peer sent. Its shape is walked first (`transports.wire.msgshape`: depth, declared sizes against
+    the bytes there are), so that decoding never allocates more than the input's own size; msgpack's limits then say
+    the same to the C decoder."""
     if len(data) > max_size:
         raise Rejected(Reason.TOO_LARGE, f"{len(data)} bytes > cap {max_size}")
     check_shape(data, max_depth=max_depth)

@@ -15,7 +15,7 @@ microseconds per kilobyte.
 
 from __future__ import annotations
 
-from mesh.reasons import Reason, Rejected
+from transports.wire.reasons import Reason, Rejected
 
 # Per header byte: _STEP is the whole length of a value that is the header plus fixed payload (fixints, nil,
 # booleans, fixstr, floats and sized ints: one lookup and one add, the hot path), else 0. For the rest, _WIDTH is

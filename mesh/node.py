@@ -500,7 +500,8 @@ class MeshNode:
 
     async def _reply(self, job: Job, result: ExecResult) -> None:
         offer = job.received.offer
-        signed = TaskResult(offer.offer_id, job.received.digest, self.identity.public_key, result).sign(self.identity)
+        answer = TaskResult.answering(offer, job.received.digest, self.identity.public_key, result)
+        signed = answer.sign(self.identity)
         try:
             await job.delivery.reply(signed)
         except Exception as exc:  # the offerer went away; the result is lost to it, the node keeps serving

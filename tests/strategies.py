@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from executor.contract import ErrorKind, ExecResult, Limits
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import ISOLATION_TIERS, MAX_INVITEES, Audience, TaskOffer
+from transports.wire.offers import ISOLATION_TIERS, MAX_ATTEMPTS, MAX_INVITEES, Audience, TaskOffer
 from transports.wire.peerid import ed25519_peer_id
 
 NOW = 1_800_000_000_000  # a fixed clock for the tests: 2027-01-15
@@ -39,14 +39,17 @@ audiences = st.builds(Audience.direct, peer_ids) | st.builds(
 
 @st.composite
 def offers(draw: st.DrawFn, offerer: NodeIdentity = OFFERER) -> TaskOffer:
-    """Version 1 and version 2 offers: v2 with any audience and minimum tier."""
+    """Version 1, 2 and 3 offers: v2 with any audience and minimum tier, v3 with any attempt, queue deadline within
+    the offer's lifetime, and follow flag."""
     issued = draw(st.integers(NOW - 60_000, NOW + 1_000))
-    version = draw(st.sampled_from([1, 2]))
+    version = draw(st.sampled_from([1, 2, 3]))
+    expires = issued + draw(st.integers(61_000, 600_000))
+    v3 = version >= 3
     return TaskOffer(
         offer_id=draw(st.binary(min_size=16, max_size=16)),
         offerer=offerer.public_key,
         issued_at_ms=issued,
-        expires_at_ms=issued + draw(st.integers(61_000, 600_000)),
+        expires_at_ms=expires,
         language=draw(st.sampled_from(["python", "javascript"])),
         code=draw(st.text(max_size=200)),
         input=draw(json_data),
@@ -56,6 +59,9 @@ def offers(draw: st.DrawFn, offerer: NodeIdentity = OFFERER) -> TaskOffer:
         version=version,
         audience=None if version == 1 else draw(audiences),
         min_isolation=None if version == 1 else draw(st.none() | st.sampled_from(ISOLATION_TIERS)),
+        attempt=draw(st.integers(1, MAX_ATTEMPTS)) if v3 else 1,
+        queue_deadline_ms=draw(st.none() | st.integers(issued + 1, expires)) if v3 else None,
+        follow=draw(st.booleans()) if v3 else False,
     )
 
 

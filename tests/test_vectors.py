@@ -52,12 +52,35 @@ def build() -> dict[str, dict[str, Any]]:
         audience=Audience.claimed([executor.peer_id, offerer.peer_id]),
         min_isolation="gvisor",
     )
+    # Version 3: the second attempt of a job, queued up to 30 s by a busy runner, its output followed.
+    v3 = dataclasses.replace(
+        offer,
+        version=3,
+        offer_id=bytes(range(32, 48)),
+        audience=Audience.direct(executor.peer_id),
+        attempt=2,
+        queue_deadline_ms=ISSUED + 30_000,
+        follow=True,
+    )
+    v3_wire = v3.sign(offerer)
+    streamed = TaskResult(
+        offer_id=v3.offer_id,
+        offer_digest=open_offer(v3_wire, now=ISSUED).digest,
+        executor=executor.public_key,
+        result=ExecResult(ok=True, stdout="6\n", exit_code=0, duration_ms=41),
+        completed_at_ms=ISSUED + 1_000,
+        attempt=2,
+        stream_digest=bytes(range(32)),
+        stream_dropped=0,
+        version=2,
+    )
     result = TaskResult(
         offer_id=offer.offer_id,
         offer_digest=open_offer(offer_wire, now=ISSUED).digest,
         executor=executor.public_key,
         result=ExecResult(ok=True, stdout="6\n", exit_code=0, duration_ms=41),
         completed_at_ms=ISSUED + 1_000,
+        version=1,
     )
     failed = TaskResult(
         offer_id=offer.offer_id,
@@ -73,6 +96,7 @@ def build() -> dict[str, dict[str, Any]]:
             error_kind=ErrorKind.TIMEOUT,
         ),
         completed_at_ms=ISSUED + 3_000,
+        version=1,
     )
 
     def vector(domain: bytes, seed: bytes, wire: bytes) -> dict[str, Any]:
@@ -92,7 +116,9 @@ def build() -> dict[str, dict[str, Any]]:
         "offer-v1": vector(Domain.OFFER, OFFERER_SEED, offer_wire),
         "offer-v2-direct": vector(Domain.OFFER, OFFERER_SEED, direct_v2.sign(offerer)),
         "offer-v2-invited-gvisor": vector(Domain.OFFER, OFFERER_SEED, invited_v2.sign(offerer)),
+        "offer-v3-followed-retry": vector(Domain.OFFER, OFFERER_SEED, v3_wire),
         "result-v1": vector(Domain.RESULT, EXECUTOR_SEED, result.sign(executor)),
+        "result-v2-streamed": vector(Domain.RESULT, EXECUTOR_SEED, streamed.sign(executor)),
         "result-timeout-v1": vector(Domain.RESULT, EXECUTOR_SEED, failed.sign(executor)),
     }
 
@@ -119,6 +145,15 @@ def test_committed_vectors_decode_and_verify() -> None:
         result = json.loads((VECTORS / f"{name}.json").read_text())
         opened = open_result(bytes.fromhex(result["wire"]), expect_executor=bytes.fromhex(result["publicKey"]))
         assert opened.offer_id.hex() == "000102030405060708090a0b0c0d0e0f"
+        assert opened.version == 1 and opened.attempt == 1 and opened.stream_digest is None
+    v3 = open_offer(
+        bytes.fromhex(json.loads((VECTORS / "offer-v3-followed-retry.json").read_text())["wire"]), now=ISSUED
+    )
+    assert v3.offer.version == 3 and v3.offer.attempt == 2 and v3.offer.follow
+    assert v3.offer.queue_deadline_ms == ISSUED + 30_000
+    streamed = json.loads((VECTORS / "result-v2-streamed.json").read_text())
+    opened = open_result(bytes.fromhex(streamed["wire"]), expect_executor=bytes.fromhex(streamed["publicKey"]))
+    assert opened.version == 2 and opened.attempt == 2 and opened.stream_digest == bytes(range(32))
 
 
 def test_rfc8032_public_keys() -> None:

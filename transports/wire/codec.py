@@ -178,6 +178,14 @@ class Fields:
             raise self._bad(name, "a boolean")
         return value
 
+    def opt_binary(self, name: str, size: int) -> bytes | None:
+        value = self._get(name)
+        if value is None:
+            return None
+        if type(value) is not bytes or len(value) != size:
+            raise self._bad(name, f"{size} bytes or null")
+        return value
+
     def binary(self, name: str, size: int) -> bytes:
         value = self._get(name)
         if type(value) is not bytes or len(value) != size:

@@ -3,10 +3,18 @@
 An offer never carries an origin: origin is what the receiving intake decides. An offer may ask for `host`, so that
 the executor can be seen to refuse it.
 
-Offers are version 2: a v1 offer plus the signed `audience` (who may run it: one node it was sent to directly, or
-whoever the offerer grants a claim to, optionally only among named invitees) and `minIsolation` (the weakest sandbox
-tier the offerer accepts). Version 1 offers are still accepted, with no audience (any transport) and no minimum.
-Results stay version 1.
+Version 2 is a v1 offer plus the signed `audience` (who may run it: one node it was sent to directly, or whoever
+the offerer grants a claim to, optionally only among named invitees) and `minIsolation` (the weakest sandbox tier the
+offerer accepts). Version 3 (the version this round's features share: jobs, runtimes, sealed offers add their fields
+here) adds the job's lifecycle: `attempt` (which try of one job this issue is, 1 first; a re-offer after a runner's
+fault counts up), `queueDeadlineMs` (the Unix time in ms until which a busy runner may hold the offer in its queue
+instead of refusing `busy`; null: refuse at once) and `follow` (the offerer wants the program's output as it comes,
+on the stream the offer came on). Versions 1 and 2 are still accepted, with no audience (v1), no minimum (v1), first
+attempt, no queueing and no stream.
+
+Results are version 2 when they answer a v3 offer: v1 plus `attempt` (copied from the offer, so that a result names
+the try it is for), `streamDigest` (SHA-256 over the output chunks streamed, `transports.wire.jobs`; null when
+nothing was streamed) and `streamDropped` (chunks dropped over the cap). Version 1 results are still accepted.
 """
 
 from __future__ import annotations
@@ -22,9 +30,12 @@ from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, F
 from transports.wire.identity import PUBLIC_KEY_SIZE, NodeIdentity
 from transports.wire.reasons import Reason, Rejected
 
-OFFER_VERSION = 2
-OFFER_VERSIONS = (1, 2)
-RESULT_VERSION = 1
+OFFER_VERSION = 3
+OFFER_VERSIONS = (1, 2, 3)
+RESULT_VERSION = 2
+RESULT_VERSIONS = (1, 2)
+# A job is tried at most this many times (issue 23: a runner's fault is retried elsewhere, 3 times by default).
+MAX_ATTEMPTS = 16
 OFFER_ID_SIZE = 16
 DIGEST_SIZE = 32
 MAX_CODE_CHARS = 128 * 1024
@@ -54,6 +65,8 @@ _OFFER_FIELDS = frozenset(
     }
 )
 _OFFER_FIELDS_V2 = _OFFER_FIELDS | {"audience", "minIsolation"}
+_OFFER_FIELDS_V3 = _OFFER_FIELDS_V2 | {"attempt", "queueDeadlineMs", "follow"}
+_OFFER_FIELDS_BY_VERSION = {1: _OFFER_FIELDS, 2: _OFFER_FIELDS_V2, 3: _OFFER_FIELDS_V3}
 _LIMIT_FIELDS = frozenset({"timeoutMs", "memoryMb", "milliCpus"})
 _RESULT_FIELDS = frozenset(
     {
@@ -74,6 +87,7 @@ _RESULT_FIELDS = frozenset(
         "stderrTruncated",
     }
 )
+_RESULT_FIELDS_V2 = _RESULT_FIELDS | {"attempt", "streamDigest", "streamDropped"}
 _ERROR_KINDS = tuple(str(k) for k in ErrorKind)
 
 
@@ -164,6 +178,11 @@ class TaskOffer:
     audience: Audience | None = field(default_factory=Audience)
     # v2: the weakest sandbox tier the offerer accepts; None is any.
     min_isolation: str | None = None
+    # v3: which try of the job this is (1 first), until when a busy runner may queue it (Unix ms; None: refuse
+    # busy at once), and whether the offerer wants the output streamed as it comes.
+    attempt: int = 1
+    queue_deadline_ms: int | None = None
+    follow: bool = False
     version: int = OFFER_VERSION
 
     @classmethod
@@ -181,10 +200,15 @@ class TaskOffer:
         issued_at_ms: int | None = None,
         audience: Audience | None = None,
         min_isolation: str | None = None,
+        attempt: int = 1,
+        queue_deadline_ms: int | None = None,
+        follow: bool = False,
     ) -> TaskOffer:
-        """A version 2 offer; `audience` defaults to claimed by anyone (gossip, BLE, a coordinator)."""
+        """A version 3 offer; `audience` defaults to claimed by anyone (gossip, BLE, a coordinator)."""
         if min_isolation is not None and min_isolation not in ISOLATION_TIERS:
             raise ValueError(f"minIsolation must be one of {ISOLATION_TIERS}")
+        if not 1 <= attempt <= MAX_ATTEMPTS:
+            raise ValueError(f"attempt must be in [1, {MAX_ATTEMPTS}]")
         issued = now_ms() if issued_at_ms is None else issued_at_ms
         return cls(
             offer_id=os.urandom(OFFER_ID_SIZE),
@@ -199,6 +223,9 @@ class TaskOffer:
             reply_to=tuple(reply_to),
             audience=audience or Audience(),
             min_isolation=min_isolation,
+            attempt=attempt,
+            queue_deadline_ms=queue_deadline_ms,
+            follow=follow,
         )
 
     def to_wire_fields(self) -> dict[str, Any]:
@@ -226,6 +253,11 @@ class TaskOffer:
                     "minIsolation": self.min_isolation,
                 }
             ),
+            **(
+                {"attempt": self.attempt, "queueDeadlineMs": self.queue_deadline_ms, "follow": self.follow}
+                if self.version >= 3
+                else {}
+            ),
         }
 
     def sign(self, identity: NodeIdentity) -> bytes:
@@ -233,6 +265,8 @@ class TaskOffer:
             raise ValueError("an offer is signed by its offerer")
         if self.version == 1 and (self.audience is not None or self.min_isolation is not None):
             raise ValueError("a version 1 offer carries no audience and no minIsolation")
+        if self.version < 3 and (self.attempt != 1 or self.queue_deadline_ms is not None or self.follow):
+            raise ValueError("a version 1 or 2 offer carries no attempt, queueDeadlineMs or follow")
         return seal(Domain.OFFER, self.to_wire_fields(), identity)
 
 
@@ -266,7 +300,7 @@ def _require_version(envelope: Envelope, what: str, versions: tuple[int, ...]) -
 def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> ReceivedOffer:
     envelope = open_envelope(Domain.OFFER, raw, max_size=max_size)
     version = _require_version(envelope, "offer", OFFER_VERSIONS)
-    f = Fields(envelope.fields, _OFFER_FIELDS if version == 1 else _OFFER_FIELDS_V2, "offer")
+    f = Fields(envelope.fields, _OFFER_FIELDS_BY_VERSION[version], "offer")
     lf = Fields(f.map("limits"), _LIMIT_FIELDS, "offer.limits")
     limits = Limits(
         timeout_ms=lf.integer("timeoutMs", 1, 24 * 3600 * 1000),
@@ -287,9 +321,15 @@ def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> Rec
         reply_to=f.str_list("replyTo", MAX_REPLY_ADDRS, MAX_ADDR_CHARS),
         audience=None if version == 1 else Audience.from_wire(f.map("audience")),
         min_isolation=None if version == 1 else f.opt_text("minIsolation", 16, choices=ISOLATION_TIERS),
+        attempt=1 if version < 3 else f.integer("attempt", 1, MAX_ATTEMPTS),
+        queue_deadline_ms=None if version < 3 else f.opt_integer("queueDeadlineMs"),
+        follow=False if version < 3 else f.boolean("follow"),
     )
     if offer.expires_at_ms <= offer.issued_at_ms:
         raise Rejected(Reason.MALFORMED, "offer expires before it is issued")
+    deadline = offer.queue_deadline_ms
+    if deadline is not None and not offer.issued_at_ms < deadline <= offer.expires_at_ms:
+        raise Rejected(Reason.MALFORMED, "offer's queueDeadlineMs is not within its lifetime")
     return ReceivedOffer(offer, envelope, bytes(raw))
 
 
@@ -328,10 +368,22 @@ class TaskResult:
     executor: bytes
     result: ExecResult
     completed_at_ms: int = field(default_factory=now_ms)
+    # v2: the offer's attempt, the digest of the output streamed for it (None: nothing streamed), and how many
+    # chunks were dropped over the output cap (`transports.wire.jobs.OutputStream`).
+    attempt: int = 1
+    stream_digest: bytes | None = None
+    stream_dropped: int = 0
     version: int = RESULT_VERSION
+
+    @classmethod
+    def answering(cls, offer: TaskOffer, offer_digest: bytes, executor: bytes, result: ExecResult) -> TaskResult:
+        """A result in the version its offer's sender reads: v2 for a v3 offer, v1 before."""
+        version = 2 if offer.version >= 3 else 1
+        return cls(offer.offer_id, offer_digest, executor, result, attempt=offer.attempt, version=version)
 
     def to_wire_fields(self) -> dict[str, Any]:
         r = self.result.to_json()
+        v2 = {"attempt": self.attempt, "streamDigest": self.stream_digest, "streamDropped": self.stream_dropped}
         return {
             "version": self.version,
             "offerId": self.offer_id,
@@ -339,11 +391,14 @@ class TaskResult:
             "executor": self.executor,
             "completedAt": self.completed_at_ms,
             **r,
+            **(v2 if self.version >= 2 else {}),
         }
 
     def sign(self, identity: NodeIdentity) -> bytes:
         if identity.public_key != self.executor:
             raise ValueError("a result is signed by its executor")
+        if self.version == 1 and (self.attempt != 1 or self.stream_digest is not None or self.stream_dropped):
+            raise ValueError("a version 1 result carries no attempt and no stream")
         return seal(Domain.RESULT, self.to_wire_fields(), identity)
 
     def to_json(self) -> dict[str, Any]:
@@ -365,11 +420,14 @@ def result_digest(result: ExecResult) -> bytes:
 def open_result(raw: bytes, *, expect_executor: bytes | None = None, max_size: int = MAX_RESULT_BYTES) -> TaskResult:
     """Decode and verify a result. With `expect_executor`, the result must come from that key (the claimant)."""
     envelope = open_envelope(Domain.RESULT, raw, max_size=max_size)
-    version = _require_version(envelope, "result", (RESULT_VERSION,))
-    f = Fields(envelope.fields, _RESULT_FIELDS, "result")
+    version = _require_version(envelope, "result", RESULT_VERSIONS)
+    f = Fields(envelope.fields, _RESULT_FIELDS if version == 1 else _RESULT_FIELDS_V2, "result")
     kind = f.opt_text("errorKind", 32, choices=_ERROR_KINDS)
     result = TaskResult(
         version=version,
+        attempt=1 if version == 1 else f.integer("attempt", 1, MAX_ATTEMPTS),
+        stream_digest=None if version == 1 else f.opt_binary("streamDigest", DIGEST_SIZE),
+        stream_dropped=0 if version == 1 else f.integer("streamDropped", 0, 2**32),
         offer_id=f.binary("offerId", OFFER_ID_SIZE),
         offer_digest=f.binary("offerDigest", DIGEST_SIZE),
         executor=f.binary("executor", PUBLIC_KEY_SIZE),

@@ -20,7 +20,8 @@ from executor.policy import ExecutorPolicy
 if TYPE_CHECKING:
     # mesh.node brings libp2p (half a second): imported by the commands that run a node, never by `exec`.
     from mesh.config import NodeSettings
-    from mesh.node import MeshNode, NodeConfig, OfferOutcome
+    from mesh.node import MeshNode, NodeConfig
+    from mesh.offerer import OfferOutcome
     from transports.base import Transport
     from transports.ble.transport import BleRadio
     from transports.wire.identity import NodeIdentity
@@ -172,7 +173,7 @@ class OfferOptions:
 
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
     """Advertise the offer over BLE from an HCI radio, and wait for a nearby node's verified result."""
-    from mesh.node import OfferOutcome
+    from mesh.offerer import OfferOutcome
     from transports.ble.hci import HciSpec
     from transports.ble.offering import offer_over_ble
     from transports.ble.radios import open_hci_radio
@@ -228,7 +229,8 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     """
     if options.ble_hci is not None:
         return await run_ble_offer(options)
-    from mesh.node import MeshNode, NodeConfig, OfferOutcome
+    from mesh.node import MeshNode, NodeConfig
+    from mesh.offerer import OfferOutcome
     from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
     from transports.wire.offers import Audience, TaskOffer
     from transports.wire.reasons import Reason, Rejection

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from executor.contract import Limits
-from mesh.node import MeshNode, NodeConfig, OfferOutcome
+from mesh.node import MeshNode, NodeConfig
+from mesh.offerer import OfferOutcome
 from transports.wire.identity import NodeIdentity
 from transports.wire.offers import TaskOffer, TaskResult, parse_offer
 from transports.wire.peerid import ed25519_peer_id

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh.invitations import INVITEES
-from mesh.node import MAX_INVITED
+from mesh.offerer import MAX_INVITED
 from simulations.progress import Progress
 from simulations.report import Report
 from simulations.scenario import Options

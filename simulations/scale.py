@@ -34,7 +34,8 @@ from typing import Any
 import trio
 
 from executor.contract import Limits
-from mesh.node import MeshNode, OfferOutcome
+from mesh.node import MeshNode
+from mesh.offerer import OfferOutcome
 from simulations.cluster import DIALS_PER_NODE, Cluster, SimNode, open_cluster
 from simulations.probes import DeliveryProbe, ReceiveCounter, SendCounter, digest_of
 from simulations.progress import Progress

@@ -12,7 +12,8 @@ from typing import Any
 import trio
 
 from executor.contract import Limits
-from mesh.node import MeshNode, OfferOutcome
+from mesh.node import MeshNode
+from mesh.offerer import OfferOutcome
 from simulations.cluster import Cluster, SimNode
 from simulations.probes import DeliveryProbe, ExecProbe, SendCounter, mesh_hops
 from simulations.progress import Progress

@@ -35,6 +35,11 @@ class Reason(enum.StrEnum):
     WRONG_EXECUTOR = "wrong_executor"
     TIMEOUT = "timeout"
     RESULTS_DISAGREE = "results_disagree"  # k replicas asked for, and their results differ
+    # Jobs (issue 23): cancels, queueing with a deadline, attempts.
+    NOT_OFFERER = "not_offerer"  # a cancel signed by anyone but the offer's own offerer
+    QUEUE_DEADLINE = "queue_deadline"  # the offer's queueDeadlineMs passed while it waited (or before it arrived)
+    STALE_ATTEMPT = "stale_attempt"  # an event for an attempt of a job that is no longer its current one
+    JOB_FINISHED = "job_finished"  # an event for a job that has already ended
     # The peer could not be dialled or the link dropped: nobody answered, which is not the same as a refusal.
     UNREACHABLE = "unreachable"
 

@@ -1,0 +1,28 @@
+"""The claim protocol's server side: a runner asks this node, the offerer, for the right to run one of its offers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libp2p.abc import INetStream
+
+from transports.direct.core import DirectCore
+from transports.direct.messages import refusal_message, remote_peer
+from transports.wire.reasons import Rejection
+
+CLAIM_PROTOCOL = "/edgecoder/claim/1.0.0"
+
+
+class ClaimProtocol(DirectCore):
+    async def _serve_claim(self, stream: INetStream) -> None:
+        request = await self._read_control(stream, "claim")
+        if request is not None:
+            await self._send_answer(stream, await self._decide_claim(request, remote_peer(stream)))
+
+    async def _decide_claim(self, request: dict[str, Any], sender: str) -> dict[str, Any]:
+        offer_id = self._offer_id_of(request, "claim")
+        if isinstance(offer_id, Rejection):
+            return refusal_message(offer_id)
+        status = request.get("status")
+        decision = self.desk.grant_claim(offer_id, sender, status if isinstance(status, dict) else None)
+        return await self._from_desk(decision, "grant")

@@ -1,0 +1,158 @@
+"""The client side of the direct protocols: this node's requests to a peer, on the control stream when the peer
+speaks it, else on a stream per exchange."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from transports.direct.abort import ABORT_PROTOCOL, ABORT_SEND_TIMEOUT
+from transports.direct.claim import CLAIM_PROTOCOL
+from transports.direct.core import DirectCore
+from transports.direct.messages import (
+    ANSWER_FRAME_REASONS,
+    MAX_CONTROL_FRAME,
+    MAX_RESULT_FRAME,
+    WRITE_TIMEOUT,
+    DirectAnswer,
+    checked_answer,
+    close_stream,
+    decode_answer,
+)
+from transports.direct.offer import OFFER_PROTOCOL
+from transports.direct.presence import PRESENCE_PROTOCOL
+from transports.direct.result import RESULT_PROTOCOL
+from transports.direct.status import STATUS_PROTOCOL
+from transports.framing import FrameError, read_frame, write_frame
+from transports.p2p import DialError
+from transports.wire.codec import pack
+from transports.wire.reasons import Reason, Rejection
+
+
+class DirectClient(DirectCore):
+    async def _exchange(
+        self,
+        peer: str,
+        protocol: str,
+        payload: bytes,
+        expected: str,
+        *,
+        answer_timeout: float,
+        max_answer: int,
+        abort_frame: bytes | None = None,
+    ) -> dict[str, Any] | Rejection:
+        """Send one request frame and read one answer. A failed link is `unreachable`, never the peer's refusal.
+
+        With `abort_frame`, a caller that stops waiting (its scope is cancelled: Ctrl-C, its own deadline) first
+        sends that frame on the stream, so that the peer stops the work too.
+        """
+        try:
+            peer_id = await self.host.ensure_connected(peer)
+            stream = await self.host.open_stream(peer_id, protocol)
+        except DialError as exc:
+            return Rejection(Reason.UNREACHABLE, str(exc))
+        try:
+            try:
+                with trio.fail_after(WRITE_TIMEOUT):
+                    await write_frame(stream, payload)
+            except (Exception, trio.TooSlowError) as exc:
+                return Rejection(Reason.UNREACHABLE, f"could not send to {peer_id}: {type(exc).__name__}")
+            try:
+                frame = await read_frame(stream, max_len=max_answer, timeout=answer_timeout)
+            except FrameError as exc:
+                return Rejection(ANSWER_FRAME_REASONS[exc.reason], f"answer from {peer_id}: {exc.detail}")
+            except trio.Cancelled:
+                if abort_frame is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(ABORT_SEND_TIMEOUT):
+                        await write_frame(stream, abort_frame)
+                raise
+            return decode_answer(frame, expected)
+        finally:
+            with trio.CancelScope(shield=True):
+                await close_stream(stream)
+
+    async def send_offer(self, maddr_or_peer: str, offer_raw: bytes) -> DirectAnswer:
+        """Offer work directly to one peer and wait for its signed result (or its refusal)."""
+        answer = await self._exchange(
+            maddr_or_peer,
+            OFFER_PROTOCOL,
+            offer_raw,
+            "result",
+            # The executor's own deadline plus a margin for the round trip: the server times out first.
+            answer_timeout=self.result_timeout + self.stall_timeout,
+            max_answer=MAX_RESULT_FRAME,
+            abort_frame=pack({"type": "abort"}),
+        )
+        if isinstance(answer, Rejection):
+            return DirectAnswer(None, answer)
+        result = answer.get("result")
+        if not isinstance(result, bytes):
+            return DirectAnswer(None, Rejection(Reason.MALFORMED, "result answer carries no bytes"))
+        return DirectAnswer(result, None)
+
+    async def _ask(
+        self, peer: str, message: dict[str, Any], expected: str, *, legacy: tuple[str, bytes], answer_timeout: float
+    ) -> dict[str, Any] | Rejection:
+        """One request and its answer: on our control stream to the peer, or, for a peer that does not speak it,
+        on a stream of its own (`legacy`: that protocol and its request frame)."""
+        answer = await self.control.request(peer, message, timeout=answer_timeout)
+        if answer is None:
+            protocol, payload = legacy
+            return await self._exchange(
+                peer, protocol, payload, expected, answer_timeout=answer_timeout, max_answer=MAX_CONTROL_FRAME
+            )
+        if isinstance(answer, Rejection):
+            return answer
+        return checked_answer(answer, expected)
+
+    async def request_claim(self, peer: str, offer_id: bytes) -> Rejection | None:
+        """Ask the offerer for the right to run `offer_id`, telling it our status (so it need not ask). None means
+        granted."""
+        request: dict[str, Any] = {"type": "claim", "offerId": offer_id}
+        if self.status is not None:
+            request["status"] = self.status()
+        answer = await self._ask(
+            peer, request, "grant", legacy=(CLAIM_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
+        )
+        return answer if isinstance(answer, Rejection) else None
+
+    async def request_status(self, peer: str) -> dict[str, Any] | Rejection:
+        """A peer's current status, straight from the peer."""
+        request = {"type": "status"}
+        answer = await self._ask(
+            peer, request, "status", legacy=(STATUS_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
+        )
+        if isinstance(answer, Rejection):
+            return answer
+        heartbeat = answer.get("heartbeat")
+        if not isinstance(heartbeat, dict):
+            return Rejection(Reason.MALFORMED, "status answer carries no heartbeat")
+        return heartbeat
+
+    async def push_status(self, peer: str, status: dict[str, Any]) -> Rejection | None:
+        """Tell a neighbour our status (it changed, or it is time to refresh). None means acknowledged."""
+        request = {"type": "presence", "status": status}
+        answer = await self._ask(
+            peer, request, "ack", legacy=(PRESENCE_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
+        )
+        return answer if isinstance(answer, Rejection) else None
+
+    async def send_abort(self, peer: str, offer_id: bytes) -> Rejection | None:
+        """Tell a claimant that this node, the offerer, no longer waits for `offer_id`. None means it stopped it."""
+        request = {"type": "abort", "offerId": offer_id}
+        answer = await self._ask(
+            peer, request, "ack", legacy=(ABORT_PROTOCOL, pack(request)), answer_timeout=ABORT_SEND_TIMEOUT
+        )
+        return answer if isinstance(answer, Rejection) else None
+
+    async def send_result(self, peer: str, result_raw: bytes) -> Rejection | None:
+        """Carry a signed result back to the offerer. None means acknowledged."""
+        answer = await self._ask(
+            peer,
+            {"type": "result", "result": result_raw},
+            "ack",
+            legacy=(RESULT_PROTOCOL, result_raw),
+            answer_timeout=self.stall_timeout,
+        )
+        return answer if isinstance(answer, Rejection) else None

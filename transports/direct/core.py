@@ -1,0 +1,140 @@
+"""The state and the helpers every protocol handler of the direct transport shares (transports.direct.transport
+assembles the handlers, one class per protocol, over this one)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+from libp2p.abc import INetStream
+
+from transports.base import OfferSink
+from transports.control import ControlChannels
+from transports.direct.messages import (
+    INVALID_INPUT,
+    MAX_CONTROL_FRAME,
+    REQUEST_FRAME_REASONS,
+    decode_request,
+    refusal_message,
+    remote_peer,
+    write_message,
+)
+from transports.framing import FrameError, read_frame
+from transports.hardening.holdoff import BusyHoldoff
+from transports.hardening.refusals import Refusal
+from transports.p2p import P2PHost
+from transports.wire.offers import OFFER_ID_SIZE
+from transports.wire.reasons import Reason, Rejection
+
+# Asked whether a peer's offer with this id is pending here; True when one was cancelled.
+AbortFn = Callable[[str, bytes], bool]
+# Told of a status a neighbour pushed: (its PeerID, the status).
+PresenceFn = Callable[[str, dict[str, Any]], object]
+
+
+class OfferDesk(Protocol):
+    """The offerer's side of claims and results. Implemented by `mesh.claims`."""
+
+    async def grant_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None = None
+    ) -> Rejection | None:
+        """None grants the claim. `status` is the claimant's own, sent with its request."""
+        ...
+
+    async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:
+        """None acknowledges the result."""
+        ...
+
+
+class DirectCore:
+    def __init__(
+        self,
+        host: P2PHost,
+        desk: OfferDesk,
+        *,
+        max_frame: int = 256 * 1024 + 1024,
+        stall_timeout: float = 10.0,
+        result_timeout: float = 120.0,
+        status: Callable[[], dict[str, Any]] | None = None,
+        abort: AbortFn | None = None,
+        presence: PresenceFn | None = None,
+        holdoff: BusyHoldoff | None = None,
+    ) -> None:
+        self.host = host
+        self.status = status
+        self.abort = abort
+        self.presence = presence
+        self.sink: OfferSink | None = None  # set by run(): offers are refused until then
+        self.desk = desk
+        self.max_frame = max_frame
+        self.stall_timeout = stall_timeout
+        self.result_timeout = result_timeout
+        # Refusals we sent, by reason, and handlers currently running (tests prove a stalled one is freed).
+        self.refused: Counter[str] = Counter()
+        self.active_handlers = 0
+        # Peers with an exchange in progress here, by PeerID: the connection manager does not trim them.
+        self.exchanges: Counter[str] = Counter()
+        self.aborted = 0  # jobs cancelled because their offerer stopped waiting
+        # Peers refused for want of room, until their retry hint runs out (transports.hardening.holdoff).
+        self.holdoff = holdoff if holdoff is not None else BusyHoldoff()
+        # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;
+        # the client methods fall back to a stream per exchange otherwise.
+        self.control = ControlChannels(host, max_answer=MAX_CONTROL_FRAME, frame_timeout=stall_timeout)
+        self.use_control = True
+
+    async def _refuse(self, stream: INetStream, rejection: Rejection) -> None:
+        self.refused[str(rejection.reason)] += 1
+        await write_message(stream, refusal_message(rejection))
+        await self._strike_if_invalid(remote_peer(stream), rejection)
+
+    async def _strike_if_invalid(self, peer: str, rejection: Rejection) -> None:
+        if rejection.reason in INVALID_INPUT and self.host.penalties.strike(peer):
+            await self.host.cut_off(peer, Refusal.INVALID_FRAMES)
+
+    async def _read_request(self, stream: INetStream, max_len: int) -> bytes | None:
+        try:
+            return await read_frame(stream, max_len=max_len, timeout=self.stall_timeout)
+        except FrameError as exc:
+            await self._refuse(stream, Rejection(REQUEST_FRAME_REASONS[exc.reason], exc.detail))
+            return None
+
+    async def _read_control(self, stream: INetStream, kind: str) -> dict[str, Any] | None:
+        """A `{type: kind, ...}` request map, or None once a refusal has been sent."""
+        frame = await self._read_request(stream, MAX_CONTROL_FRAME)
+        if frame is None:
+            return None
+        request = decode_request(frame)
+        if isinstance(request, Rejection):
+            await self._refuse(stream, request)
+            return None
+        return request
+
+    async def _send_answer(self, stream: INetStream, answer: dict[str, Any]) -> None:
+        if answer.get("type") == "refusal":
+            self.refused[str(answer.get("reason"))] += 1
+        await write_message(stream, answer)
+
+    def _exchange_ended(self, peer: str) -> None:
+        self.exchanges[peer] -= 1
+        if self.exchanges[peer] <= 0:
+            del self.exchanges[peer]
+
+    def peers_in_flight(self) -> set[str]:
+        """Peers with an offer, claim, result or status exchange in progress on this node's side."""
+        return set(self.exchanges)
+
+    @staticmethod
+    def _offer_id_of(request: dict[str, Any], kind: str) -> bytes | Rejection:
+        offer_id = request.get("offerId") if request.get("type") == kind else None
+        if not isinstance(offer_id, bytes) or len(offer_id) != OFFER_ID_SIZE:
+            return Rejection(Reason.MALFORMED, f"expected {{type: {kind}, offerId: 16 bytes}}")
+        return offer_id
+
+    async def _from_desk(self, decision: Awaitable[Rejection | None], ok: str) -> dict[str, Any]:
+        # The desk is local and should answer at once; the bound keeps a slow one from pinning the stream.
+        with trio.move_on_after(self.stall_timeout):
+            rejection = await decision
+            return {"type": ok} if rejection is None else refusal_message(rejection)
+        return refusal_message(Rejection(Reason.TIMEOUT, "the offerer did not decide in time"))

@@ -103,8 +103,8 @@ class JobLifecycle:
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     attempts: list[Attempt] = field(default_factory=list)
-    # Set once the job has ended: its final state is the last attempt's.
-    ended: bool = False
+    # Set once the job has ended: how.
+    outcome: JobState | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_attempts <= MAX_ATTEMPTS:
@@ -117,7 +117,13 @@ class JobLifecycle:
         return self.attempts[-1] if self.attempts else None
 
     @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+    @property
     def state(self) -> JobState:
+        if self.outcome is not None:
+            return self.outcome
         current = self.current
         return JobState.OFFERED if current is None else current.state
 
@@ -131,7 +137,7 @@ class JobLifecycle:
 
     @property
     def result(self) -> ExecResult | None:
-        """The final result, once the job has ended with one."""
+        """The final result, once the job has ended with one (a cancelled run's carries its output so far)."""
         current = self.current
         return current.result if self.ended and current is not None else None
 
@@ -172,24 +178,20 @@ class JobLifecycle:
 
     def cancel(self) -> JobState:
         """The offerer stops the job. Its state afterwards: `cancelled`, or how it had already ended."""
-        if not self.ended:
-            current = self.current
-            if current is None:
-                current = Attempt(1, b"", JobState.CANCELLED)
-                self.attempts.append(current)
-            current.state, current.fault = JobState.CANCELLED, Fault.CANCELLED
-            self.ended = True
-        return self.state
+        return self._end(JobState.CANCELLED)
 
     def expire(self) -> JobState:
         """The offerer's deadline passed with no result: the job ends `expired` (a running runner is told to stop)."""
-        if not self.ended:
+        return self._end(JobState.EXPIRED)
+
+    def _end(self, outcome: JobState) -> JobState:
+        if self.outcome is None:
+            self.outcome = outcome
             current = self.current
-            if current is None:
-                current = Attempt(1, b"", JobState.EXPIRED)
-                self.attempts.append(current)
-            current.state = JobState.EXPIRED
-            self.ended = True
+            # An attempt still under way ends with the job; one that already ended by its runner's fault stays so.
+            if current is not None and not current.state.terminal:
+                current.state = outcome
+                current.fault = Fault.CANCELLED if outcome is JobState.CANCELLED else Fault.RUNNER
         return self.state
 
     # -- what runners report (each signed by the runner; the caller has checked the signature) -----------------
@@ -211,18 +213,28 @@ class JobLifecycle:
 
     def finished(self, offer_id: bytes, runner: str, result: ExecResult) -> Rejection | None:
         """The runner's signed result for the current attempt. A success or the job's own fault ends the job; a
-        runner's fault ends the attempt, and the job too once no attempt is left."""
+        runner's fault ends the attempt, and the job too once no attempt is left. After a cancel (or expiry), the
+        stopped run's own result is still taken once, for the output it carries; the job stays as it ended."""
+        current = self.current
+        stopped = (JobState.CANCELLED, JobState.EXPIRED)
+        if (
+            current is not None
+            and current.offer_id == offer_id
+            and current.state in stopped
+            and current.result is None
+            and current.runner == runner
+        ):
+            current.result = result
+            return None
         attempt = self._reported(offer_id, runner)
         if isinstance(attempt, Rejection):
             return attempt
         attempt.runner = runner
         attempt.result = result
         attempt.fault = fault_of(result)
-        if attempt.fault is Fault.NONE:
-            attempt.state = JobState.SUCCEEDED
-        else:
-            attempt.state = JobState.FAILED
-        self.ended = attempt.fault is not Fault.RUNNER or len(self.attempts) >= self.max_attempts
+        attempt.state = JobState.SUCCEEDED if attempt.fault is Fault.NONE else JobState.FAILED
+        if attempt.fault is not Fault.RUNNER or len(self.attempts) >= self.max_attempts:
+            self.outcome = attempt.state
         return None
 
     def runner_lost(self, offer_id: bytes, why: str) -> Rejection | None:
@@ -232,7 +244,8 @@ class JobLifecycle:
         if isinstance(attempt, Rejection):
             return attempt
         attempt.state, attempt.fault, attempt.why = JobState.FAILED, Fault.RUNNER, why
-        self.ended = len(self.attempts) >= self.max_attempts
+        if len(self.attempts) >= self.max_attempts:
+            self.outcome = JobState.FAILED
         return None
 
     # -- helpers -----------------------------------------------------------------------------------------------

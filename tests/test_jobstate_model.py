@@ -108,9 +108,13 @@ class JobModel(RuleBasedStateMachine):
 
     @invariant()
     def an_ended_job_never_changes(self) -> None:
+        """Its state and attempts stay; its result too, except that a stopped run's own result may still arrive."""
         if self.ended_as is not None:
-            assert (self.job.state, self.job.result, self.job.attempt) == self.ended_as
-        elif self.job.ended:
+            state, result, attempt = self.ended_as
+            assert (self.job.state, self.job.attempt) == (state, attempt)
+            stopped = state in (JobState.CANCELLED, JobState.EXPIRED) and result is None
+            assert self.job.result == result or stopped
+        if self.job.ended:
             self.ended_as = (self.job.state, self.job.result, self.job.attempt)
 
     @invariant()
@@ -139,9 +143,20 @@ class JobModel(RuleBasedStateMachine):
         result = self.job.result
         assert result is not None
         fault = fault_of(result)
-        assert (self.job.state is JobState.SUCCEEDED) == (fault is Fault.NONE)
-        if fault is Fault.RUNNER:
-            assert self.job.attempt == self.job.max_attempts, "a runner's fault ended a job with attempts left"
+        if self.job.state is JobState.SUCCEEDED:
+            assert fault is Fault.NONE
+        if self.job.state is JobState.FAILED:
+            assert fault is Fault.JOB or self.job.attempt == self.job.max_attempts, (
+                "a runner's fault ended a job with attempts left"
+            )
+
+    @rule(runner=st.sampled_from(RUNNERS), outcome=st.sampled_from(["shut down", "ok"]))
+    def stopped_run_reports(self, runner: str, outcome: str) -> None:
+        """The stopped run's own result arrives after the cancel: taken once, the job stays cancelled."""
+        if self.job.state is not JobState.CANCELLED:
+            return
+        self.job.finished(self._offer_id, runner, OUTCOMES[outcome])
+        assert self.job.state is JobState.CANCELLED
 
 
 JobModel.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)  # deadline: shared CPU

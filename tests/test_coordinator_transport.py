@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
@@ -259,3 +260,32 @@ def test_pinned_coordinator_key(tmp_path: Path) -> None:
             await eventually(lambda: pinned.delivery_of(task_id), "the delivery")
 
         run_with_worker(coordinator, pinned, delivers, coordinator_key=coordinator_identity.public_key)
+
+
+def test_a_request_cancelled_while_its_body_is_sent_leaves_nothing_unfinalised() -> None:
+    """The node stopping mid-request (a big result being posted, say) cancels httpcore while it sends the body. The
+    body's iterator must not be an async generator left suspended at its `yield`: trio would report it as garbage
+    collected before it was exhausted, as test_pinned_coordinator_key once did. pytest turns that report into an
+    error (pyproject.toml's filterwarnings), so this test fails if it happens."""
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        transport = CoordinatorPullTransport(f"http://127.0.0.1:{port}", NodeIdentity.generate(), **FAST)
+        async with trio.open_nursery() as nursery, httpx.AsyncClient(base_url=transport.url) as client:
+            nursery.start_soon(trio.serve_listeners, never_read, listeners)
+            transport._client = client
+            with trio.move_on_after(1.0) as sending:
+                # Far more than the socket buffers hold: the send blocks until it is cancelled.
+                await transport._send("POST", "/tasks/x/result", b"\0" * (32 << 20), "application/octet-stream")
+            assert sending.cancelled_caught
+            nursery.cancel_scope.cancel()
+        gc.collect()
+        await trio.sleep(0.05)  # trio finalises what the collector found on one of its next ticks
+
+    async def never_read(stream: trio.SocketStream) -> None:
+        async with stream:
+            await trio.sleep_forever()
+
+    trio.run(main)
+    gc.collect()

@@ -100,6 +100,27 @@ class PulledTask:
     offer: bytes
 
 
+class OneChunkBody(httpx.AsyncByteStream):
+    """A request body of bytes, sent as one chunk by an iterator that is not an async generator.
+
+    httpx wraps a `content=bytes` body in `ByteStream`, whose `__aiter__` is an async generator. When a request is
+    cancelled while httpcore sends that chunk (the node shutting down mid-pull, or a timeout), the generator is left
+    suspended at its `yield`, and trio reports it as garbage collected before it was exhausted (a ResourceWarning;
+    httpx issue 3686). A plain iterator has nothing to finalise."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+
+    def __aiter__(self) -> OneChunkBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._body is None:
+            raise StopAsyncIteration
+        body, self._body = self._body, None
+        return body
+
+
 async def _already_claimed() -> bool:
     """`/pull` claimed the task for this agent before handing it over."""
     return True
@@ -313,7 +334,9 @@ class CoordinatorPullTransport:
             raise httpx.TransportError("the transport is not running")
         headers = signing.sign_request(self.identity, method, path, body)
         headers["content-type"] = content_type
-        response = await self._client.request(method, path, content=body, headers=headers)
+        request = self._client.build_request(method, path, content=body, headers=headers)  # sets Content-Length
+        request.stream = OneChunkBody(body)
+        response = await self._client.send(request)
         if response.is_success:
             return response, bytes.fromhex(headers[signing.NONCE])
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from executor.bootstrap import TRAILER_SIZE, parse_trailer
 
@@ -12,11 +13,13 @@ STDOUT, STDERR = 1, 2
 
 
 class BoundedBuffer:
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, on_kept: Callable[[bytes], None] | None = None) -> None:
         self._cap = cap
         self._chunks: list[bytes] = []
         self._kept = 0
         self.truncated = False
+        # Told of each piece kept, in order: a follower sees exactly what the result will hold, within the cap.
+        self._on_kept = on_kept
 
     def append(self, data: bytes | memoryview) -> None:
         room = self._cap - self._kept
@@ -24,8 +27,11 @@ class BoundedBuffer:
             self.truncated = True
             data = data[:room]
         if data:
-            self._chunks.append(bytes(data))
+            piece = bytes(data)
+            self._chunks.append(piece)
             self._kept += len(data)
+            if self._on_kept is not None:
+                self._on_kept(piece)
 
     def text(self) -> str:
         # A cut may split a multi-byte character; the replacement character marks it rather than failing.
@@ -35,8 +41,8 @@ class BoundedBuffer:
 class _TrailedStream:
     """One output stream whose newest TRAILER_SIZE bytes are held back: they may be the supervisor's trailer."""
 
-    def __init__(self, cap: int, nonce: str) -> None:
-        self.buffer = BoundedBuffer(cap)
+    def __init__(self, cap: int, nonce: str, on_kept: Callable[[bytes], None] | None = None) -> None:
+        self.buffer = BoundedBuffer(cap, on_kept)
         self.status: int | None = None
         self._nonce = nonce
         self._held = b""
@@ -72,9 +78,13 @@ class AttachDemuxer:
     trailers never reach the captured output.
     """
 
-    def __init__(self, stdout_cap: int, stderr_cap: int, *, nonce: str) -> None:
-        self._out = _TrailedStream(stdout_cap, nonce)
-        self._err = _TrailedStream(stderr_cap, nonce)
+    def __init__(
+        self, stdout_cap: int, stderr_cap: int, *, nonce: str, on_output: Callable[[str, bytes], None] | None = None
+    ) -> None:
+        out = None if on_output is None else (lambda piece: on_output("stdout", piece))
+        err = None if on_output is None else (lambda piece: on_output("stderr", piece))
+        self._out = _TrailedStream(stdout_cap, nonce, out)
+        self._err = _TrailedStream(stderr_cap, nonce, err)
         self.stdout = self._out.buffer
         self.stderr = self._err.buffer
         self._header = b""

@@ -49,6 +49,7 @@ from executor.contract import (
 from executor.docker_api import DockerApi
 from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
+from executor.runcontrol import RunControl
 from executor.sandbox import DOCKER_ERRORS, DockerSandbox, PreparedRequest, SandboxHealth, prepare_request
 from executor.subset import SubsetViolation
 
@@ -175,11 +176,13 @@ class Executor:
         origin: str = "remote",
         min_isolation: str | None = None,
         spare_warm: int = 0,
+        control: RunControl | None = None,
     ) -> ExecResult:
         """Run `request`. `min_isolation` is the weakest tier the run accepts (an offer's `minIsolation`; None: any
         the policy offers); the run goes to the weakest offered tier that meets it. `spare_warm` is how many warm
         containers this run must leave in that tier's pool: when it would take one of the last ones, it starts cold
-        instead (the node keeps them for offerers it knows, see mesh/standing.py)."""
+        instead (the node keeps them for offerers it knows, see mesh/standing.py). `control` may stop the run, keeping
+        its output so far, and watch its output as it comes (executor/runcontrol.py)."""
         if sandbox == "host" and origin != "local":
             return refusal(SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=SANDBOX_REQUIRED)
         if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
@@ -216,7 +219,7 @@ class Executor:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
-        return await self._admitted(prepared, limits, tier=tier, spare_warm=spare_warm)
+        return await self._admitted(prepared, limits, tier=tier, spare_warm=spare_warm, control=control)
 
     async def _check_subset(self, request: ExecRequest, tier: Tier | None) -> SubsetViolation | None:
         """The subset check, while the tier's sandbox asks the daemon whether it is ready (ping, image, runtime):
@@ -254,7 +257,13 @@ class Executor:
         return tier
 
     async def _admitted(
-        self, request: PreparedRequest, limits: Limits, *, tier: Tier | None, spare_warm: int = 0
+        self,
+        request: PreparedRequest,
+        limits: Limits,
+        *,
+        tier: Tier | None,
+        spare_warm: int = 0,
+        control: RunControl | None = None,
     ) -> ExecResult:
         started_at = trio.current_time()
         self._waiting += 1
@@ -267,7 +276,7 @@ class Executor:
         try:
             with trio.CancelScope() as run_scope:
                 self._runs.add(run_scope)
-                if self._closing:
+                if self._closing or (control is not None and control.stopped):
                     run_scope.cancel()
                 if tier is None:
                     from executor.host import run_on_host  # its subprocess machinery only for --sandbox host
@@ -276,8 +285,9 @@ class Executor:
                 pool = self.pools[tier]
                 # A run told to spare the last warm ones starts cold (no source); any other asks the pool.
                 source = None if spare_warm and pool.ready <= spare_warm else pool
-                return await self.sandboxes[tier].run(request, limits, source=source)
-            # Only abort_all() cancels this scope; the sandbox has killed and removed the container.
+                return await self.sandboxes[tier].run(request, limits, source=source, control=control)
+            # Only abort_all() or a stop before the start cancels this scope; the sandbox has killed and removed the
+            # container.
             return _aborted(int((trio.current_time() - started_at) * 1000))
         finally:
             self._runs.discard(run_scope)

@@ -52,6 +52,7 @@ from executor.docker_api import API_TIMEOUT_S, DockerApi
 from executor.output import FRAME_HEADER, STDOUT, AttachDemuxer
 from executor.owner import OWNER_LABEL, STOPPED_GRACE_S, Owner, this_process
 from executor.policy import ExecutorPolicy
+from executor.runcontrol import RunControl
 
 log = lazylog.get_logger(__name__)
 
@@ -315,9 +316,15 @@ class DockerSandbox:
         )
 
     async def run(
-        self, request: ExecRequest | PreparedRequest, limits: Limits, *, source: ContainerSource | None = None
+        self,
+        request: ExecRequest | PreparedRequest,
+        limits: Limits,
+        *,
+        source: ContainerSource | None = None,
+        control: RunControl | None = None,
     ) -> ExecResult:
-        """Run `request` with already clamped `limits`, in a pooled container from `source` if it has one."""
+        """Run `request` with already clamped `limits`, in a pooled container from `source` if it has one.
+        `control` may stop the run (its output so far is kept) and watch its output (executor/runcontrol.py)."""
         started_at = trio.current_time()
         nonce = new_nonce()
         prepared = prepare_request(request, self.policy)
@@ -328,7 +335,7 @@ class DockerSandbox:
         # so the hot path asks the daemon nothing before the task is sent.
         if source is not None and (pooled := source.take(limits, prepared.language)) is not None:
             try:
-                return await self._drive(pooled, payload, nonce, limits, started_at)
+                return await self._drive(pooled, payload, nonce, limits, started_at, control)
             finally:
                 source.returned(pooled)
         health = await self.ensure_ready()
@@ -340,16 +347,26 @@ class DockerSandbox:
         except SandboxUnavailable as exc:
             self._healthy_until = -math.inf
             return _unavailable(str(exc), started_at)
-        return await self._drive(started, payload, nonce, limits, started_at)
+        return await self._drive(started, payload, nonce, limits, started_at, control)
 
     async def _drive(
-        self, started: StartedContainer, payload: bytes, nonce: str, limits: Limits, started_at: float
+        self,
+        started: StartedContainer,
+        payload: bytes,
+        nonce: str,
+        limits: Limits,
+        started_at: float,
+        control: RunControl | None = None,
     ) -> ExecResult:
         container_id = started.container_id
-        output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap, nonce=nonce)
+        on_output = None if control is None else control.on_output
+        output = AttachDemuxer(self.policy.stdout_cap, self.policy.stderr_cap, nonce=nonce, on_output=on_output)
         status_from_docker = False
+        stop = trio.CancelScope()
+        if control is not None:
+            control.attach(stop)
         try:
-            with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
+            with trio.move_on_after(limits.timeout_ms / 1000) as deadline, stop:
                 if started.parking:  # a cold container: its interpreter is starting now, as it would on arrival
                     await started.wait_parked()
                 await started.stream.send_all(payload)
@@ -367,6 +384,9 @@ class DockerSandbox:
             # output flood took 23 s).
             started.close()
             output.finish()  # bytes held back as a possible trailer are output after all
+            if stop.cancelled_caught:  # stopped by its caller (a cancel): killed, with what it printed so far
+                await self._kill_within(container_id)
+                return _result(output, started_at, exit_code=None, kind=ErrorKind.ABORTED)
             if deadline.cancelled_caught:
                 await self._kill_within(container_id)
                 return _result(output, started_at, exit_code=TIMEOUT_EXIT_CODE, kind=ErrorKind.TIMEOUT)
@@ -388,6 +408,8 @@ class DockerSandbox:
             partial = _unavailable(f"lost the container mid-run: {exc!r}", started_at)
             return partial.replace(stdout=output.stdout.text(), stdout_truncated=output.stdout.truncated)
         finally:
+            if control is not None:
+                control.detach()
             started.close()
             await self.dispose(container_id)
 
@@ -667,9 +689,11 @@ def _elapsed_ms(started_at: float) -> int:
     return int((trio.current_time() - started_at) * 1000)
 
 
-def _result(output: AttachDemuxer, started_at: float, *, exit_code: int, kind: ErrorKind | None) -> ExecResult:
+def _result(output: AttachDemuxer, started_at: float, *, exit_code: int | None, kind: ErrorKind | None) -> ExecResult:
     queue_reason: QueueReason | None = None
-    if kind is ErrorKind.TIMEOUT:
+    if kind is ErrorKind.ABORTED:
+        queue_reason = QueueReason.ABORTED
+    elif kind is ErrorKind.TIMEOUT:
         queue_reason = QueueReason.TIMEOUT
     elif kind is ErrorKind.MEMORY_EXCEEDED:
         queue_reason = QueueReason.MEMORY

@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import pytest
 import trio
 
 from tests.coordinator_support import CoordinatorProcess
@@ -27,13 +26,15 @@ KEYS = 60
 OFFERS_PER_KEY = 4
 BIG_INPUT = "x" * (250 * 1024)
 BODY_MIB, QUEUED_MIB = 2, 4
-# What the budgets allow (2 MiB of bodies, 4 MiB queued), SQLite's page cache, and the high-water of the flood's
-# 240 connections at once (4 per key: httpx opens one per offer in flight), each holding hypercorn's, h11's and
-# Trio's state and a 64 KiB read, about 100 KB each. Measured, the peak's growth: 18 to 29 MB with the budgets,
-# 166 to 202 MB wide open, over 7 runs each, idle and beside a 2-core CPU load. (The bound was 40 MB of RSS after a
-# flood that signed its offers as it went: both figures then followed how fast the client signed, and each failed
-# now and then, the budgeted one at 46 and 49 MB, the wide-open one at 64 MB in a full suite run.)
-PEAK_BOUND_MB = 48
+# A bound on the peak's growth that holds on any 2-core machine, loaded or not: what the budgets allow (2 MiB of
+# bodies, 4 MiB queued), SQLite's page cache and WAL (under 10 MB), and the high-water of the flood's 240 connections
+# at once (4 per key: httpx opens one per offer in flight), each holding hypercorn's, h11's and Trio's state, a 64 KiB
+# read and the start of a body it is about to refuse, under 256 KiB each (60 MB). Measured, the growth was 18 to 29
+# MB idle and beside a 2-core load, 20 to 23 MB at a load average of 11, and once 51.7 MB in a full suite run, which
+# failed the bound of 48 MB this file had then (and 46 and 49 MB against 40 MB before that). The wide-open flood
+# grew 166 to 202 MB, once 64 MB. So the budgets' effect is asserted against the wide-open flood measured in the
+# same test, and the absolute bound only catches a budget that stopped bounding.
+PEAK_BOUND_MB = 96
 DISK_BOUND_MB = QUEUED_MIB * 1.05 + 8 + 2  # the queued offers, the WAL's size limit, the tables themselves
 WIDE_OPEN = (
     *("--max-body-mib", "4096", "--max-queued-mib", "4096", "--fresh-share", "1"),
@@ -99,18 +100,21 @@ def growth(tmp_path: Path, *options: str) -> tuple[float, float, Counter[str]]:
         return status_mb(pid, "VmHWM") - before_rss, disk_mb(db) - before_disk, answers
 
 
-def test_a_fresh_key_flood_stays_within_the_coordinators_budgets(tmp_path: Path) -> None:
-    peak, disk, answers = growth(tmp_path, "--max-body-mib", str(BODY_MIB), "--max-queued-mib", str(QUEUED_MIB))
+def test_a_fresh_key_flood_stays_within_the_coordinators_budgets_and_without_them_does_not(tmp_path: Path) -> None:
+    """The same 60 keys against a coordinator with its budgets opened wide (the reproduction of the finding), then
+    against one as configured, one after the other on the same machine: the first is the baseline of the second."""
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "budgeted").mkdir()
+    wide_peak, wide_disk, wide_answers = growth(tmp_path / "wide", *WIDE_OPEN)
+    peak, disk, answers = growth(
+        tmp_path / "budgeted", "--max-body-mib", str(BODY_MIB), "--max-queued-mib", str(QUEUED_MIB)
+    )
+    print(
+        f"peak RSS growth: {peak:.1f} MB with the budgets, {wide_peak:.1f} MB without; "
+        f"disk {disk:.1f} MB with, {wide_disk:.1f} MB without"
+    )
+    assert wide_answers["/tasks 201"] == KEYS * OFFERS_PER_KEY, wide_answers  # wide open, every offer is taken
+    assert wide_disk > DISK_BOUND_MB > disk, (wide_disk, disk, answers)  # bytes written: no timing in it
+    assert peak < wide_peak, (peak, wide_peak, answers)
     assert peak < PEAK_BOUND_MB, (peak, answers)
-    assert disk < DISK_BOUND_MB, (disk, answers)
     assert answers["/tasks 503"] > 0 and answers["/agents/register 503"] > 0  # refused, not dropped
-
-
-@pytest.mark.parametrize("bound", ["memory", "disk"])
-def test_the_same_flood_with_the_budgets_open_grows_past_them(tmp_path: Path, bound: str) -> None:
-    """The reproduction: without the budgets, the same 60 keys take the coordinator past both bounds."""
-    peak, disk, answers = growth(tmp_path, *WIDE_OPEN)
-    if bound == "memory":
-        assert peak > PEAK_BOUND_MB, (peak, answers)
-    else:
-        assert disk > DISK_BOUND_MB, (disk, answers)

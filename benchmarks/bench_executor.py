@@ -49,8 +49,8 @@ from executor.bootstrap import encode_payload, new_nonce
 from executor.contract import ExecRequest, Language
 from executor.output import AttachDemuxer
 from executor.policy import ExecutorPolicy
+from executor.request import PreparedRequest, prepare_request
 from executor.runner import Executor
-from executor.sandbox import PreparedRequest, prepare_request
 
 TASKS: dict[Language, ExecRequest] = {
     "python": ExecRequest("python", CODE, INPUT),

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
+    from executor.health import SandboxHealth
     from executor.policy import ExecutorPolicy
     from executor.runner import Executor, ExecutorStats, run_code
-    from executor.sandbox import SandboxHealth
     from executor.subset import SubsetViolation, check_subset
 
 _HOMES = {
@@ -31,7 +31,7 @@ _HOMES = {
     "Executor": "executor.runner",
     "ExecutorStats": "executor.runner",
     "run_code": "executor.runner",
-    "SandboxHealth": "executor.sandbox",
+    "SandboxHealth": "executor.health",
     "SubsetViolation": "executor.subset",
     "check_subset": "executor.subset",
 }

@@ -39,7 +39,8 @@ import trio
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
 from executor.output import BoundedBuffer
 from executor.policy import ExecutorPolicy
-from executor.sandbox import TIMEOUT_EXIT_CODE, PreparedRequest, prepare_request
+from executor.request import PreparedRequest, prepare_request
+from executor.sandbox import TIMEOUT_EXIT_CODE
 
 NOFILE = 256
 FSIZE_BYTES = 64 * 1024 * 1024

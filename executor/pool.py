@@ -25,8 +25,9 @@ from typing import Any
 import trio
 
 from executor import lazylog
+from executor.containers import SandboxUnavailable, StartedContainer
 from executor.contract import Language, Limits
-from executor.sandbox import DockerSandbox, SandboxUnavailable, StartedContainer
+from executor.sandbox import DockerSandbox
 
 log = lazylog.get_logger(__name__)
 

@@ -36,6 +36,7 @@ import trio
 from executor import lazylog
 from executor.backends import Tier, backend_for, rank, weakest_meeting
 from executor.checker import SubsetChecker
+from executor.containers import DOCKER_ERRORS
 from executor.contract import (
     LANGUAGES,
     SANDBOX_REQUIRED,
@@ -47,10 +48,12 @@ from executor.contract import (
     refusal,
 )
 from executor.docker_api import DockerApi
+from executor.health import SandboxHealth
 from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
+from executor.request import PreparedRequest, prepare_request
 from executor.runcontrol import RunControl
-from executor.sandbox import DOCKER_ERRORS, DockerSandbox, PreparedRequest, SandboxHealth, prepare_request
+from executor.sandbox import DockerSandbox
 from executor.subset import SubsetViolation
 
 log = lazylog.get_logger(__name__)

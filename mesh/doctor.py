@@ -171,8 +171,8 @@ def seccomp_check(info: dict[str, Any], policy: ExecutorPolicy) -> dict[str, Any
 async def run_doctor(policy: ExecutorPolicy, mode: str) -> dict[str, Any]:
     """Every check, with the fix for each failure (see the module docstring for the levels)."""
     from executor.backends import TIERS
+    from executor.containers import DOCKER_ERRORS
     from executor.runner import Executor
-    from executor.sandbox import DOCKER_ERRORS
 
     checks = [check("SANDBOX_MODE", "ok" if mode == "docker" else "fail", mode, "unset it, or set it to docker")]
     tiers: dict[str, Any] = {}

@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 import executor.sandbox
 from executor.bootstrap import NOT_PARKED, PARKED, encode_header, encode_prestart
 from executor.container_config import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
+from executor.containers import StartedContainer
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits
 from executor.output import FRAME_HEADER
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
-from executor.sandbox import StartedContainer
 from executor.supervisor import HEADER_SIZE, PRESTART_SIZE, PROGRAMS, ProtocolError, parse_header, parse_prestart
 from tests.conftest import containers_of
 from tests.docker_support import wait_pool_ready

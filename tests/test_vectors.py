@@ -18,11 +18,14 @@ from executor.contract import ErrorKind, ExecResult, Limits
 from transports.wire.codec import Domain
 from transports.wire.identity import NodeIdentity
 from transports.wire.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
+from transports.wire.sealed import SealKey
 
 VECTORS = Path(__file__).parent / "vectors"
 OFFERER_SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")  # RFC 8032 test 1
 EXECUTOR_SEED = bytes.fromhex("4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb")  # RFC 8032 test 2
 ISSUED = 1_800_000_000_000
+# The offerer's ephemeral X25519 key of the sealed vector: RFC 7748 section 6.1's Alice.
+OFFER_SEAL_PRIVATE = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
 
 
 def build() -> dict[str, dict[str, Any]]:
@@ -63,6 +66,11 @@ def build() -> dict[str, dict[str, Any]]:
         follow=True,
     )
     v3_wire = v3.sign(offerer)
+    # Version 3 sealed: offer-v1's work claimed by anyone, its code and input replaced by their digests and sizes and
+    # the offerer's X25519 key (tests/test_sealed.py has the payload sealed for it).
+    sealed_v3 = dataclasses.replace(
+        offer, version=3, offer_id=bytes(range(48, 64)), audience=Audience.claimed()
+    ).sealed_with(SealKey.from_private_bytes(OFFER_SEAL_PRIVATE).public)
     streamed = TaskResult(
         offer_id=v3.offer_id,
         offer_digest=open_offer(v3_wire, now=ISSUED).digest,
@@ -117,6 +125,7 @@ def build() -> dict[str, dict[str, Any]]:
         "offer-v2-direct": vector(Domain.OFFER, OFFERER_SEED, direct_v2.sign(offerer)),
         "offer-v2-invited-gvisor": vector(Domain.OFFER, OFFERER_SEED, invited_v2.sign(offerer)),
         "offer-v3-followed-retry": vector(Domain.OFFER, OFFERER_SEED, v3_wire),
+        "offer-v3-sealed": vector(Domain.OFFER, OFFERER_SEED, sealed_v3.sign(offerer)),
         "result-v1": vector(Domain.RESULT, EXECUTOR_SEED, result.sign(executor)),
         "result-v2-streamed": vector(Domain.RESULT, EXECUTOR_SEED, streamed.sign(executor)),
         "result-timeout-v1": vector(Domain.RESULT, EXECUTOR_SEED, failed.sign(executor)),
@@ -141,6 +150,9 @@ def test_committed_vectors_decode_and_verify() -> None:
     v2 = open_offer(bytes.fromhex(invited["wire"]), now=ISSUED).offer
     assert v2.audience is not None and v2.audience.invited[0] == executor_peer
     assert v2.min_isolation == "gvisor"
+    sealed = open_offer(bytes.fromhex(json.loads((VECTORS / "offer-v3-sealed.json").read_text())["wire"]), now=ISSUED)
+    assert sealed.offer.sealed is not None and sealed.offer.code == "" and sealed.offer.input is None
+    assert sealed.offer.sealed == opened_v1.payload.terms(SealKey.from_private_bytes(OFFER_SEAL_PRIVATE).public)
     for name in ("result-v1", "result-timeout-v1"):
         result = json.loads((VECTORS / f"{name}.json").read_text())
         opened = open_result(bytes.fromhex(result["wire"]), expect_executor=bytes.fromhex(result["publicKey"]))

@@ -30,11 +30,21 @@ from transports.wire.identity import NodeIdentity
 from transports.wire.jsontext import JsonError, parse_json
 from transports.wire.offers import TaskOffer, TaskResult, open_offer, open_result, parse_offer
 from transports.wire.reasons import Rejected
+from transports.wire.sealed import Payload, SealKey, open_payload, seal_payload
 
 Target = Callable[[bytes], None]
 
 _IDENTITY = NodeIdentity(bytes(range(32)))
 _INTAKE = Intake(IntakePolicy(), participating=lambda: True)
+# A sealed offer and the runner's claim key: the sealed payload target opens what a granted claim carries.
+_SEAL_KEY = SealKey.from_private_bytes(bytes(range(32, 64)))
+_SEALED_PAYLOAD = Payload("print(sum(range(10)))", {"xs": [1, 2, 3]})
+_SEALED_OFFER = (
+    TaskOffer.create(_IDENTITY, language="python", code=_SEALED_PAYLOAD.code, input=_SEALED_PAYLOAD.input)
+    .sealed_with(SealKey.from_private_bytes(bytes(range(64, 96))).public)
+    .sign(_IDENTITY)
+)
+_SEALED_DIGEST = hashlib.sha256(_SEALED_OFFER).digest()
 
 
 def offer(data: bytes) -> None:
@@ -51,6 +61,18 @@ def result(data: bytes) -> None:
         open_result(data)
     except Rejected:
         pass
+
+
+def sealed_payload(data: bytes) -> None:
+    """What a grant carries for a sealed offer, opened with the runner's claim key; and the opened plaintext's
+    decoder, which the AEAD keeps random bytes from ever reaching."""
+    terms = parse_offer(_SEALED_OFFER).offer.sealed
+    assert terms is not None
+    for attempt in (lambda: open_payload(data, _SEALED_DIGEST, _SEAL_KEY, terms), lambda: Payload.decode(data)):
+        try:
+            attempt()
+        except Rejected:
+            pass
 
 
 def control(data: bytes) -> None:
@@ -155,6 +177,7 @@ TARGETS: dict[str, Target] = {
     "frames": frames,
     "heartbeat": heartbeat,
     "envelope": envelope,
+    "sealed_payload": sealed_payload,
     "coordinator_request": coordinator_request,
     "coordinator_answer": coordinator_answer,
     "json": json_text,
@@ -169,7 +192,7 @@ def _offers() -> list[bytes]:
         TaskOffer.create(other, language="javascript", code="console.log(1)", input=[None, True, 1.5, "x"]),
         TaskOffer.create(_IDENTITY, language="python", code="x" * 300, sandbox="host", reply_to=("/ip4/1.2.3.4",)),
     ]
-    return [o.sign(_IDENTITY if o.offerer == _IDENTITY.public_key else other) for o in made]
+    return [o.sign(_IDENTITY if o.offerer == _IDENTITY.public_key else other) for o in made] + [_SEALED_OFFER]
 
 
 def _results(offers: list[bytes]) -> list[bytes]:
@@ -193,6 +216,8 @@ def seeds() -> dict[str, list[bytes]]:
         pack({"type": "result", "result": results[0]}),
         pack({"type": "status", "heartbeat": {"peerId": _IDENTITY.peer_id, "sandboxMode": "docker"}}),
         pack({"type": "grant"}),
+        pack({"type": "grant", "payload": b"\x00" * 64}),
+        pack({"type": "claim", "offerId": b"\x01" * 16, "sealTo": b"\x09" * 32}),
     ]
     beat = pack(
         {"peerId": _IDENTITY.peer_id, "sandboxMode": "docker", "freeSlots": 2, "languages": ["python"], "addrs": []}
@@ -220,4 +245,9 @@ def seeds() -> dict[str, list[bytes]]:
         ],
         "json": [b'{"a": [1, 2.5, "x", null, true]}', b"[[[]]]"],
         "ble": ble_seeds,
+        "sealed_payload": [
+            seal_payload(_SEALED_PAYLOAD, _SEALED_DIGEST, _SEAL_KEY.public),
+            _SEALED_PAYLOAD.encode(),
+            Payload("x", None).encode(),
+        ],
     }

@@ -15,10 +15,15 @@ attempt, no queueing and no stream.
 Results are version 2 when they answer a v3 offer: v1 plus `attempt` (copied from the offer, so that a result names
 the try it is for), `streamDigest` (SHA-256 over the output chunks streamed, `transports.wire.jobs`; null when
 nothing was streamed) and `streamDropped` (chunks dropped over the cap). Version 1 results are still accepted.
+
+Version 3 also has `sealed` (`transports.wire.sealed`), present only in a sealed offer, which then carries no `code`
+and no `input` field but their digests and sizes and the offerer's ephemeral X25519 key: the payload reaches the
+granted runner alone. An offer without `sealed` carries its code and input as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -29,6 +34,7 @@ from executor.contract import LANGUAGES, SANDBOXES, ErrorKind, ExecResult, Langu
 from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open_envelope, pack, seal
 from transports.wire.identity import PUBLIC_KEY_SIZE, NodeIdentity
 from transports.wire.reasons import Reason, Rejected
+from transports.wire.sealed import Payload, SealedTerms
 
 OFFER_VERSION = 3
 OFFER_VERSIONS = (1, 2, 3)
@@ -65,7 +71,7 @@ _OFFER_FIELDS = frozenset(
     }
 )
 _OFFER_FIELDS_V2 = _OFFER_FIELDS | {"audience", "minIsolation"}
-_OFFER_FIELDS_V3 = _OFFER_FIELDS_V2 | {"attempt", "queueDeadlineMs", "follow"}
+_OFFER_FIELDS_V3 = _OFFER_FIELDS_V2 | {"attempt", "queueDeadlineMs", "follow", "sealed"}
 _OFFER_FIELDS_BY_VERSION = {1: _OFFER_FIELDS, 2: _OFFER_FIELDS_V2, 3: _OFFER_FIELDS_V3}
 _LIMIT_FIELDS = frozenset({"timeoutMs", "memoryMb", "milliCpus"})
 _RESULT_FIELDS = frozenset(
@@ -183,6 +189,8 @@ class TaskOffer:
     attempt: int = 1
     queue_deadline_ms: int | None = None
     follow: bool = False
+    # v3: the terms of a sealed offer, whose `code` is then "" and `input` None (the payload comes after the grant).
+    sealed: SealedTerms | None = None
     version: int = OFFER_VERSION
 
     @classmethod
@@ -228,7 +236,27 @@ class TaskOffer:
             follow=follow,
         )
 
+    @property
+    def payload(self) -> Payload:
+        """The code and input a clear offer carries (a sealed one's are only known once its payload is opened)."""
+        return Payload(self.code, self.input)
+
+    def sealed_with(self, key: bytes) -> TaskOffer:
+        """The sealed form of this clear offer: its payload's terms and `key` (the offerer's ephemeral X25519 public
+        key) instead of its code and input. The offerer keeps `payload` to send to the runner it grants."""
+        if self.sealed is not None:
+            raise ValueError("this offer is sealed already")
+        return dataclasses.replace(self, version=3, code="", input=None, sealed=self.payload.terms(key))
+
+    def opened(self, payload: Payload) -> TaskOffer:
+        """This sealed offer with its checked payload in place, for the executor."""
+        if self.sealed is None:
+            raise ValueError("only a sealed offer is opened")
+        payload.check(self.sealed)
+        return dataclasses.replace(self, code=payload.code, input=payload.input)
+
     def to_wire_fields(self) -> dict[str, Any]:
+        clear = {"code": self.code, "input": self.input} if self.sealed is None else {"sealed": self.sealed.to_wire()}
         return {
             "version": self.version,
             "offerId": self.offer_id,
@@ -236,8 +264,7 @@ class TaskOffer:
             "issuedAt": self.issued_at_ms,
             "expiresAt": self.expires_at_ms,
             "language": self.language,
-            "code": self.code,
-            "input": self.input,
+            **clear,
             "limits": {
                 "timeoutMs": self.limits.timeout_ms,
                 "memoryMb": self.limits.memory_mb,
@@ -267,6 +294,8 @@ class TaskOffer:
             raise ValueError("a version 1 offer carries no audience and no minIsolation")
         if self.version < 3 and (self.attempt != 1 or self.queue_deadline_ms is not None or self.follow):
             raise ValueError("a version 1 or 2 offer carries no attempt, queueDeadlineMs or follow")
+        if self.sealed is not None and (self.version < 3 or self.code or self.input is not None):
+            raise ValueError("a sealed offer is version 3 and carries no code and no input")
         return seal(Domain.OFFER, self.to_wire_fields(), identity)
 
 
@@ -301,6 +330,9 @@ def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> Rec
     envelope = open_envelope(Domain.OFFER, raw, max_size=max_size)
     version = _require_version(envelope, "offer", OFFER_VERSIONS)
     f = Fields(envelope.fields, _OFFER_FIELDS_BY_VERSION[version], "offer")
+    sealed = SealedTerms.from_wire(f.map("sealed")) if "sealed" in f.data else None
+    if sealed is not None and ("code" in f.data or "input" in f.data):
+        raise Rejected(Reason.MALFORMED, "offer: a sealed offer carries no code and no input")
     lf = Fields(f.map("limits"), _LIMIT_FIELDS, "offer.limits")
     limits = Limits(
         timeout_ms=lf.integer("timeoutMs", 1, 24 * 3600 * 1000),
@@ -314,8 +346,8 @@ def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> Rec
         issued_at_ms=f.integer("issuedAt"),
         expires_at_ms=f.integer("expiresAt"),
         language=f.text("language", 16, choices=LANGUAGES),  # type: ignore[arg-type]
-        code=f.text("code", MAX_CODE_CHARS),
-        input=f.json_data("input"),
+        code="" if sealed is not None else f.text("code", MAX_CODE_CHARS),
+        input=None if sealed is not None else f.json_data("input"),
         limits=limits,
         sandbox=f.text("sandbox", 16, choices=SANDBOXES),  # type: ignore[arg-type]
         reply_to=f.str_list("replyTo", MAX_REPLY_ADDRS, MAX_ADDR_CHARS),
@@ -324,6 +356,7 @@ def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> Rec
         attempt=1 if version < 3 else f.integer("attempt", 1, MAX_ATTEMPTS),
         queue_deadline_ms=None if version < 3 else f.opt_integer("queueDeadlineMs"),
         follow=False if version < 3 else f.boolean("follow"),
+        sealed=sealed,
     )
     if offer.expires_at_ms <= offer.issued_at_ms:
         raise Rejected(Reason.MALFORMED, "offer expires before it is issued")

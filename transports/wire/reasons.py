@@ -40,6 +40,8 @@ class Reason(enum.StrEnum):
     QUEUE_DEADLINE = "queue_deadline"  # the offer's queueDeadlineMs passed while it waited (or before it arrived)
     STALE_ATTEMPT = "stale_attempt"  # an event for an attempt of a job that is no longer its current one
     JOB_FINISHED = "job_finished"  # an event for a job that has already ended
+    # Sealed offers (transports.wire.sealed): the payload the offerer sent does not open, or is not what it signed.
+    PAYLOAD_MISMATCH = "payload_mismatch"
     # The peer could not be dialled or the link dropped: nobody answered, which is not the same as a refusal.
     UNREACHABLE = "unreachable"
 

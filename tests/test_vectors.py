@@ -17,6 +17,7 @@ import msgpack
 from executor.contract import ErrorKind, ExecResult, Limits
 from transports.wire.codec import Domain
 from transports.wire.identity import NodeIdentity
+from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, StreamDigest, open_cancel, open_progress
 from transports.wire.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
 from transports.wire.sealed import SealKey
 
@@ -120,7 +121,12 @@ def build() -> dict[str, dict[str, Any]]:
             "wire": wire.hex(),
         }
 
+    # Issue 23's job messages: the offerer's cancel of the v3 offer, and its runner's word that it is queued second.
+    cancel = JobCancel(v3.offer_id, offerer.public_key, ISSUED + 500)
+    progress = JobProgress(v3.offer_id, executor.public_key, attempt=2, state="queued", position=2, at_ms=ISSUED + 20)
     return {
+        "cancel-v1": vector(Domain.CANCEL, OFFERER_SEED, cancel.sign(offerer)),
+        "progress-queued-v1": vector(Domain.PROGRESS, EXECUTOR_SEED, progress.sign(executor)),
         "offer-v1": vector(Domain.OFFER, OFFERER_SEED, offer_wire),
         "offer-v2-direct": vector(Domain.OFFER, OFFERER_SEED, direct_v2.sign(offerer)),
         "offer-v2-invited-gvisor": vector(Domain.OFFER, OFFERER_SEED, invited_v2.sign(offerer)),
@@ -168,6 +174,34 @@ def test_committed_vectors_decode_and_verify() -> None:
     assert opened.version == 2 and opened.attempt == 2 and opened.stream_digest == bytes(range(32))
 
 
+CHUNKS = (OutputChunk(0, "stdout", b"hello\n"), OutputChunk(1, "stderr", b"warn\n"), OutputChunk(2, "stdout", b"6\n"))
+
+
+def stream_vector() -> dict[str, Any]:
+    """Output chunks as framed on the wire, and the streamDigest a v2 result signs for them."""
+    digest = StreamDigest()
+    for chunk in CHUNKS:
+        digest.update(chunk)
+    final = digest.digest()
+    assert final is not None
+    return {"chunks": [msgpack.packb(c.to_wire()).hex() for c in CHUNKS], "streamDigest": final.hex()}
+
+
+def test_stream_digest_vector() -> None:
+    committed = json.loads((VECTORS / "output-stream.json").read_text())
+    assert committed == stream_vector()
+    assert [OutputChunk.from_wire(msgpack.unpackb(bytes.fromhex(c))) for c in committed["chunks"]] == list(CHUNKS)
+
+
+def test_job_message_vectors_decode_and_verify() -> None:
+    cancel = json.loads((VECTORS / "cancel-v1.json").read_text())
+    opened = open_cancel(bytes.fromhex(cancel["wire"]))
+    assert opened.offerer.hex() == cancel["publicKey"] and opened.offer_id == bytes(range(32, 48))
+    progress = json.loads((VECTORS / "progress-queued-v1.json").read_text())
+    step = open_progress(bytes.fromhex(progress["wire"]), expect_executor=bytes.fromhex(progress["publicKey"]))
+    assert (step.state, step.position, step.attempt) == ("queued", 2, 2)
+
+
 def test_rfc8032_public_keys() -> None:
     """Our seeds are RFC 8032's test keys, so the public keys are known answers too."""
     assert NodeIdentity(OFFERER_SEED).public_key.hex() == (
@@ -179,3 +213,5 @@ if __name__ == "__main__" and "--write" in sys.argv:
     for name, vector in build().items():
         (VECTORS / f"{name}.json").write_text(json.dumps(vector, indent=2) + "\n")
         print("wrote", VECTORS / f"{name}.json")
+    (VECTORS / "output-stream.json").write_text(json.dumps(stream_vector(), indent=2) + "\n")
+    print("wrote", VECTORS / "output-stream.json")

@@ -27,6 +27,7 @@ from transports.wire import agent_requests as signing
 from transports.wire.codec import Domain, open_envelope, pack, unpack_strict
 from transports.wire.coordinator_errors import Refused
 from transports.wire.identity import NodeIdentity
+from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, open_cancel, open_progress
 from transports.wire.jsontext import JsonError, parse_json
 from transports.wire.offers import TaskOffer, TaskResult, open_offer, open_result, parse_offer
 from transports.wire.reasons import Rejected
@@ -170,6 +171,19 @@ def ble(data: bytes) -> None:
             pass
 
 
+def jobs(data: bytes) -> None:
+    """A cancel, a runner's progress, and an output chunk as a follower reads it off a stream."""
+    for parse in (open_cancel, open_progress):
+        try:
+            parse(data)
+        except Rejected:
+            pass
+    try:
+        OutputChunk.from_wire(unpack_strict(data, max_size=64 * 1024))
+    except Rejected:
+        pass
+
+
 TARGETS: dict[str, Target] = {
     "offer": offer,
     "result": result,
@@ -182,6 +196,7 @@ TARGETS: dict[str, Target] = {
     "coordinator_answer": coordinator_answer,
     "json": json_text,
     "ble": ble,
+    "jobs": jobs,
 }
 
 
@@ -212,6 +227,7 @@ def seeds() -> dict[str, list[bytes]]:
     controls = [
         pack({"type": "claim", "offerId": b"\x01" * 16}),
         pack({"type": "abort", "offerId": b"\x02" * 16}),
+        pack({"type": "cancel", "cancel": JobCancel.create(_IDENTITY, b"\x02" * 16).sign(_IDENTITY)}),
         pack({"type": "refusal", "reason": "busy", "detail": "queue full"}),
         pack({"type": "result", "result": results[0]}),
         pack({"type": "status", "heartbeat": {"peerId": _IDENTITY.peer_id, "sandboxMode": "docker"}}),
@@ -249,5 +265,10 @@ def seeds() -> dict[str, list[bytes]]:
             seal_payload(_SEALED_PAYLOAD, _SEALED_DIGEST, _SEAL_KEY.public),
             _SEALED_PAYLOAD.encode(),
             Payload("x", None).encode(),
+        ],
+        "jobs": [
+            JobCancel.create(_IDENTITY, b"\x01" * 16).sign(_IDENTITY),
+            JobProgress(b"\x01" * 16, _IDENTITY.public_key, 2, "queued", 3, 1).sign(_IDENTITY),
+            pack(OutputChunk(0, "stdout", b"hello\n").to_wire()),
         ],
     }

@@ -33,6 +33,9 @@ class Domain:
     OFFER = b"edgecoder-mesh/offer/v1"
     RESULT = b"edgecoder-mesh/result/v1"
     CLAIM = b"edgecoder-mesh/claim/v1"
+    # Issue 23: the offerer's cancel of one offer, and a runner's signed word on a job's progress.
+    CANCEL = b"edgecoder-mesh/cancel/v1"
+    PROGRESS = b"edgecoder-mesh/progress/v1"
 
 
 def canonical(value: Any) -> Any:

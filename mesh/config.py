@@ -15,332 +15,58 @@ This module imports nothing heavy at module level, and defines no dataclass (eac
 when a value of that kind is present.
 """
 
-import math
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
-
-CONFIG_ENV = "EDGECODER_CONFIG"
-
-SourceKind = Literal["flag", "env", "file", "default"]
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used: the message names the key, where the value came from, and what it must be."""
-
-
-class Source(NamedTuple):
-    kind: SourceKind
-    where: str = ""  # the flag, the variable or the file
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.where}" if self.where else self.kind
-
-
-# -- kinds: how a value is read from text (flags, variables) and from TOML, and what it must be -----------------
-
-
-class Kind:
-    """One kind of value. `describe` ends every refusal: 'must be <describe>'."""
-
-    def describe(self) -> str:
-        raise NotImplementedError
-
-    def from_text(self, text: str) -> Any:
-        """A flag's or a variable's text."""
-        raise NotImplementedError
-
-    def from_toml(self, value: Any) -> Any:
-        """A TOML value, already typed by the parser; strings are accepted where text is the natural form."""
-        if isinstance(value, str):
-            return self.from_text(value)
-        raise ValueError(f"{value!r} is a {_toml_type(value)}")
-
-
-def _toml_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    return {int: "integer", float: "float", str: "string", list: "list", dict: "table"}.get(type(value), "value")
-
-
-class IntRange(Kind):
-    def __init__(self, low: int, high: int) -> None:
-        self.low, self.high = low, high
-
-    def describe(self) -> str:
-        return f"a whole number from {self.low:,} to {self.high:,}".replace(",", "_")
-
-    def check(self, value: int) -> int:
-        if not self.low <= value <= self.high:
-            raise ValueError(f"{value} is out of range")
-        return value
-
-    def from_text(self, text: str) -> int:
-        try:
-            value = int(text.strip().replace("_", ""))
-        except ValueError:
-            raise ValueError(f"{text!r} is not a whole number") from None
-        return self.check(value)
-
-    def from_toml(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return _wrong(value)  # TOML has numbers: "4" in quotes is a mistake worth naming
-        return self.check(value)
-
-
-class FloatRange(Kind):
-    def __init__(self, low: float, high: float, unit: str = "") -> None:
-        self.low, self.high, self.unit = low, high, unit
-
-    def describe(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
-        return f"a number from {self.low:g} to {self.high:g}{unit}"
-
-    def check(self, value: float) -> float:
-        if not math.isfinite(value) or not self.low <= value <= self.high:
-            raise ValueError(f"{value:g} is out of range")
-        return float(value)
-
-    def from_text(self, text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(f"{text!r} is not a number") from None
-        return self.check(value)
-
-    def from_toml(self, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return _wrong(value)
-        return self.check(float(value))
-
-
-def _wrong(value: Any) -> Any:
-    raise ValueError(f"{value!r} is a {_toml_type(value)}")
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-class Bool(Kind):
-    def describe(self) -> str:
-        return "true or false (1/0, yes/no, on/off in a variable)"
-
-    def from_text(self, text: str) -> bool:
-        word = text.strip().lower()
-        if word in _TRUE:
-            return True
-        if word in _FALSE:
-            return False
-        raise ValueError(f"{text!r} is not a boolean")
-
-    def from_toml(self, value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        return _wrong(value)
-
-
-class Auto(Kind):
-    """true, false or "auto" (None: the node decides)."""
-
-    def describe(self) -> str:
-        return 'true, false or "auto"'
-
-    def from_text(self, text: str) -> bool | None:
-        if text.strip().lower() == "auto":
-            return None
-        return Bool().from_text(text)
-
-    def from_toml(self, value: Any) -> bool | None:
-        return value if isinstance(value, bool) else super().from_toml(value)
-
-
-class Choice(Kind):
-    def __init__(self, choices: tuple[str, ...]) -> None:
-        self.choices = choices
-
-    def describe(self) -> str:
-        return "one of " + ", ".join(self.choices)
-
-    def from_text(self, text: str) -> str:
-        value = text.strip().lower()
-        if value not in self.choices:
-            raise ValueError(f"{text!r} is not a choice")
-        return value
-
-
-class Text(Kind):
-    """A non-empty string, checked by `parse` when given (which raises ValueError with its own reason)."""
-
-    def __init__(self, what: str, parse: Callable[[str], Any] | None = None) -> None:
-        self.what, self.parse = what, parse
-
-    def describe(self) -> str:
-        return self.what
-
-    def from_text(self, text: str) -> Any:
-        value = text.strip()
-        if not value:
-            raise ValueError("it is empty")
-        return self.parse(value) if self.parse is not None else value
-
-
-class PathKind(Kind):
-    def describe(self) -> str:
-        return "a file system path"
-
-    def from_text(self, text: str) -> Path:
-        if not text.strip():
-            raise ValueError("it is empty")
-        return Path(text.strip()).expanduser()
-
-
-class ListOf(Kind):
-    """A list: a TOML array, repeated flags, or comma-separated text in a variable."""
-
-    def __init__(self, item: Kind) -> None:
-        self.item = item
-
-    def describe(self) -> str:
-        return f"a list, each {self.item.describe()}"
-
-    def from_text(self, text: str) -> tuple[Any, ...]:
-        return self.items([part for part in text.replace("\n", ",").split(",") if part.strip()])
-
-    def items(self, values: Sequence[Any], *, toml: bool = False) -> tuple[Any, ...]:
-        out = []
-        for position, value in enumerate(values):
-            try:
-                out.append(self.item.from_toml(value) if toml else self.item.from_text(value))
-            except ValueError as exc:
-                raise ValueError(f"item {position + 1}: {exc}") from None
-        return tuple(dict.fromkeys(out))  # repeated entries count once, in their first place
-
-    def from_toml(self, value: Any) -> tuple[Any, ...]:
-        if isinstance(value, str):
-            return self.from_text(value)
-        if not isinstance(value, list):
-            return _wrong(value)
-        return self.items(value, toml=True)
-
-
-# -- the checks that need the network stack's parsers ------------------------------------------------------------
-
-
-def _listen_addr(text: str) -> str:
-    from transports.p2p import AddressError, parse_listen_addr
-
-    try:
-        parse_listen_addr(text)
-    except AddressError as exc:
-        raise ValueError(str(exc).removeprefix("--listen ")) from None
-    return text
-
-
-def _announce_addr(text: str) -> str:
-    from transports.p2p import AddressError, parse_announce_addr
-
-    try:
-        return parse_announce_addr(text)
-    except AddressError as exc:
-        raise ValueError(str(exc).removeprefix("--announce ")) from None
-
-
-def _peer_addr(text: str) -> str:
-    from transports.p2p import AddressError, parse_peer_addr
-
-    try:
-        parse_peer_addr(text)
-    except AddressError as exc:
-        raise ValueError(str(exc)) from None
-    return text
-
-
-def _peer_id(text: str) -> str:
-    """A PeerID that embeds an Ed25519 key: only those can sign offers, so only those can be allowed or denied."""
-    from transports.wire.identity import public_key_of_peer_id
-
-    public_key_of_peer_id(text)  # raises ValueError naming what is wrong
-    return text
-
-
-def public_key_text(text: str) -> bytes:
-    """A coordinator's public key: 64 hex digits (its ready line's `publicKey`) or its PeerID."""
-    value = text.strip()
-    if len(value) == 64:
-        try:
-            return bytes.fromhex(value)
-        except ValueError:
-            pass
-    if value.startswith("12D3KooW"):
-        from transports.wire.identity import public_key_of_peer_id
-
-        return public_key_of_peer_id(value)
-    raise ValueError(f"{value[:80]!r} is neither 64 hex digits nor an Ed25519 PeerID (12D3KooW...)")
-
-
-def host_port(text: str) -> tuple[str, int]:
-    """HOST:PORT ([v6]:PORT for IPv6); port 0 picks a free one."""
-    host, sep, port = text.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{text!r} is not HOST:PORT with a port from 0 to 65535")
-    return host, int(port)
-
-
-def _host_port_text(text: str) -> str:
-    host_port(text)
-    return text
-
-
-def coordinator_url(text: str) -> str:
-    """An http(s) URL with a host and nothing after the path: checked at start, so a typo is not found hours later."""
-    import urllib.parse
-
-    try:
-        parts = urllib.parse.urlsplit(text)
-        port = parts.port  # raises ValueError for a port that is not a number from 0 to 65535
-    except ValueError as exc:
-        raise ValueError(f"{text!r} is not a URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{text!r} is not an http:// or https:// URL")
-    if not parts.hostname:
-        raise ValueError(f"{text!r} names no host")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{text!r} has a query or fragment; give the coordinator's base URL")
-    if port == 0:
-        raise ValueError(f"{text!r} has port 0")
-    return text.rstrip("/")
-
-
-# -- the settings ----------------------------------------------------------------------------------------------
-
-
-class Setting(NamedTuple):
-    key: str  # `section.name` in edgecoder.toml
-    kind: Kind
-    default: Any
-    help: str
-    flag: str | None = None  # the node's option, when it has one
-    env: tuple[str, ...] = ()  # overrides the derived `EDGECODER_<NAME>`; the first is the documented one
-    pending: str = ""  # "" when the setting takes effect today; else what it waits for
-    unset: str = "unset"  # what an unset value (None) means, for `config show` and the docs
-
-    @property
-    def section(self) -> str:
-        return self.key.split(".", 1)[0]
-
-    @property
-    def name(self) -> str:
-        return self.key.split(".", 1)[1]
-
-    @property
-    def env_names(self) -> tuple[str, ...]:
-        if self.env:
-            return self.env
-        prefix = "" if self.section in ("node", "executor", "intake", "limits") else f"{self.section}_"
-        return (f"EDGECODER_{prefix}{self.name}".upper(),)
+from typing import Any, NamedTuple
+
+from mesh.config_kinds import (
+    Auto,
+    Bool,
+    Choice,
+    ConfigError,
+    FloatRange,
+    IntRange,
+    ListOf,
+    PathKind,
+    Setting,
+    Source,
+    Text,
+    announce_addr,
+    coordinator_url,
+    host_port,
+    host_port_text,
+    listen_addr,
+    peer_addr,
+    peer_id_text,
+    public_key_text,
+)
+from mesh.config_resolve import CONFIG_ENV, Resolved, resolve_table
+
+# Where the settings machinery lives now; importers of mesh.config keep their names.
+__all__ = [
+    "BY_KEY",
+    "CONFIG_ENV",
+    "SETTINGS",
+    "Auto",
+    "Bool",
+    "Choice",
+    "ConfigError",
+    "FloatRange",
+    "IntRange",
+    "ListOf",
+    "NodeSettings",
+    "PathKind",
+    "Resolved",
+    "Setting",
+    "Source",
+    "Text",
+    "coordinator_url",
+    "host_port",
+    "node_settings",
+    "public_key_text",
+    "resolve",
+    "shown",
+]
 
 
 def _languages() -> tuple[str, ...]:
@@ -362,14 +88,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "node.listen",
-        ListOf(Text("/ip4/ADDR/tcp/PORT or /ip6/ADDR/tcp/PORT", _listen_addr)),
+        ListOf(Text("/ip4/ADDR/tcp/PORT or /ip6/ADDR/tcp/PORT", listen_addr)),
         ("/ip4/127.0.0.1/tcp/0",),
         "Addresses to listen on.",
         "--listen",
     ),
     Setting(
         "node.announce",
-        ListOf(Text("a multiaddr", _announce_addr)),
+        ListOf(Text("a multiaddr", announce_addr)),
         (),
         "Addresses to announce instead of the listen addresses.",
         "--announce",
@@ -377,7 +103,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "node.bootstrap",
-        ListOf(Text("/ip4/ADDR/tcp/PORT/p2p/PEERID", _peer_addr)),
+        ListOf(Text("/ip4/ADDR/tcp/PORT/p2p/PEERID", peer_addr)),
         (),
         "Peers to join the swarm through; dialled at start and kept connected.",
         "--bootstrap",
@@ -518,7 +244,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "intake.allow_offerers",
-        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", _peer_id)),
+        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", peer_id_text)),
         None,
         "Take work only from these PeerIDs; default anyone.",
         "--allow-offerer",
@@ -526,7 +252,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "intake.trusted_offerers",
-        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", _peer_id)),
+        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", peer_id_text)),
         (),
         "Offerers served as established from their first offer, beside those this node has served before.",
         "--trusted-offerer",
@@ -547,14 +273,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "intake.deny_offerers",
-        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", _peer_id)),
+        ListOf(Text("an Ed25519 PeerID (12D3KooW...)", peer_id_text)),
         (),
         "Never take work from these PeerIDs (wins over the allow list).",
         "--deny-offerer",
     ),
     Setting(
         "metrics.bind",
-        Text("HOST:PORT", _host_port_text),
+        Text("HOST:PORT", host_port_text),
         None,
         "Serve /metrics, /status and /healthz here; port 0 picks one. Default: not served.",
         "--metrics",
@@ -598,123 +324,14 @@ def _language(text: str) -> str:
     return value
 
 
-# -- resolution ------------------------------------------------------------------------------------------------
-
-
-class Resolved:
-    """Every setting's effective value and where it came from."""
-
-    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, Source], file: Path | None = None) -> None:
-        self.values, self.sources, self.file = values, sources, file
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def rows(self) -> list[tuple[str, Any, Source]]:
-        return [(s.key, self.values[s.key], self.sources[s.key]) for s in SETTINGS]
-
-
-def _refusal(setting: Setting, source: Source, reason: str) -> ConfigError:
-    return ConfigError(f"{setting.key} from {source}: {reason}; it must be {setting.kind.describe()}")
-
-
-def read_file(path: Path, named_by: Source | None = None) -> dict[str, tuple[Any, Source]]:
-    """The file's settings as raw TOML values, by key. Unknown keys are refused, with the nearest known one."""
-    import tomllib
-
-    source = Source("file", str(path))
-    where = f"config file {path}" + (f" (from {named_by})" if named_by is not None else "")
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{where} does not exist: fix --config or {CONFIG_ENV}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{where} is a directory: give the path of edgecoder.toml") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {where}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    found: dict[str, tuple[Any, Source]] = {}
-    for section, table in data.items():
-        if not isinstance(table, dict):
-            raise ConfigError(
-                f"{path}: {section!r} must be a [section]; keys go inside one, e.g. [node] listen = [...]"
-            )
-        for name, value in table.items():
-            key = f"{section}.{name}"
-            if key not in BY_KEY:
-                import difflib
-
-                near = difflib.get_close_matches(key, BY_KEY, n=1)
-                hint = f"; did you mean {near[0]}?" if near else "; see `edgecoder config show` for every key"
-                raise ConfigError(f"{path}: unknown setting {key}{hint}")
-            found[key] = (value, source)
-    return found
-
-
-def config_path(flag: Path | None, environ: Mapping[str, str]) -> tuple[Path | None, Source | None]:
-    if flag is not None:
-        return flag, Source("flag", "--config")
-    text = environ.get(CONFIG_ENV, "").strip()
-    if text:
-        return Path(text).expanduser(), Source("env", CONFIG_ENV)
-    return None, None
-
-
 def resolve(
     flags: Mapping[str, Any] | None = None,
     *,
     config: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Resolved:
-    """The effective settings. `flags` maps keys to values the command line gave (already the kind's value, or text
-    to parse); keys it lacks fall through to the environment, the file and the defaults. Raises `ConfigError`."""
-    env = os.environ if environ is None else environ
-    flags = flags or {}
-    path, named_by = config_path(config, env)
-    in_file = read_file(path, named_by) if path is not None else {}
-    values: dict[str, Any] = {}
-    sources: dict[str, Source] = {}
-    for setting in SETTINGS:
-        value, source = _one(setting, flags, env, in_file)
-        if isinstance(value, Path) and source.kind == "file" and path is not None and not value.is_absolute():
-            value = path.parent / value
-        values[setting.key] = value
-        sources[setting.key] = source
-    _check_together(values, sources)
-    return Resolved(values, sources, path)
-
-
-def _one(
-    setting: Setting, flags: Mapping[str, Any], env: Mapping[str, str], in_file: Mapping[str, tuple[Any, Source]]
-) -> tuple[Any, Source]:
-    if setting.key in flags:
-        value, where = flags[setting.key]
-        source = Source("flag", where)
-        try:
-            if isinstance(value, str):
-                value = setting.kind.from_text(value)
-            elif isinstance(value, tuple | list) and isinstance(setting.kind, ListOf):
-                value = setting.kind.items(list(value))
-        except ValueError as exc:
-            raise _refusal(setting, source, str(exc)) from None
-        return value, source
-    for name in setting.env_names:
-        text = env.get(name)
-        if text is not None and text.strip():
-            source = Source("env", name)
-            try:
-                return setting.kind.from_text(text), source
-            except ValueError as exc:
-                raise _refusal(setting, source, str(exc)) from None
-    if setting.key in in_file:
-        raw, source = in_file[setting.key]
-        try:
-            return setting.kind.from_toml(raw), source
-        except ValueError as exc:
-            raise _refusal(setting, source, str(exc)) from None
-    return setting.default, Source("default")
+    """The node's effective settings (`resolve_table` over `SETTINGS`, checked together). Raises `ConfigError`."""
+    return resolve_table(SETTINGS, flags, config=config, environ=environ, check=_check_together)
 
 
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, Source]) -> None:

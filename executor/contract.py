@@ -31,7 +31,12 @@ class ErrorKind(enum.StrEnum):
 
 
 class QueueReason(enum.StrEnum):
-    """Why a run should fall back to the cloud queue (the `queueReason` field)."""
+    """Why a run should fall back to the cloud queue (the `queueReason` field).
+
+    Each value is a code of the node's one vocabulary, `transports.wire.reasons.Reason`, which this layer may not
+    import: `transports.wire.reasons.QUEUE_REASONS` maps the two, and tests/test_reasons.py checks that it is total
+    and keeps every value. `ErrorKind` is mapped the same way (`ERROR_KINDS`); its hyphenated values are the seed's.
+    """
 
     OUTSIDE_SUBSET = "outside_subset"
     TIMEOUT = "timeout"
@@ -42,7 +47,7 @@ class QueueReason(enum.StrEnum):
     ABORTED = "aborted"
     # The node failed while handling the offer (a bug, not the program): another node may well run it.
     NODE_ERROR = "node_error"
-    # The run needs a stronger isolation tier than this executor offers (transports.wire.reasons has the same word).
+    # The run needs a stronger isolation tier than this executor offers.
     ISOLATION_INSUFFICIENT = "isolation_insufficient"
 
 
@@ -72,7 +77,7 @@ class ExecResult:
     exit_code: int | None = None
     duration_ms: int = 0
     queue_for_cloud: bool = False
-    queue_reason: str | None = None
+    queue_reason: QueueReason | None = None
     error_kind: ErrorKind | None = None
     stdout_truncated: bool = False
     stderr_truncated: bool = False
@@ -86,27 +91,11 @@ class ExecResult:
             "exitCode": self.exit_code,
             "durationMs": self.duration_ms,
             "queueForCloud": self.queue_for_cloud,
-            "queueReason": self.queue_reason,
+            "queueReason": None if self.queue_reason is None else str(self.queue_reason),
             "errorKind": None if self.error_kind is None else str(self.error_kind),
             "stdoutTruncated": self.stdout_truncated,
             "stderrTruncated": self.stderr_truncated,
         }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ExecResult:
-        kind = data.get("errorKind")
-        return cls(
-            ok=bool(data["ok"]),
-            stdout=data.get("stdout", ""),
-            stderr=data.get("stderr", ""),
-            exit_code=data.get("exitCode"),
-            duration_ms=int(data.get("durationMs", 0)),
-            queue_for_cloud=bool(data.get("queueForCloud", False)),
-            queue_reason=data.get("queueReason"),
-            error_kind=None if kind is None else ErrorKind(kind),
-            stdout_truncated=bool(data.get("stdoutTruncated", False)),
-            stderr_truncated=bool(data.get("stderrTruncated", False)),
-        )
 
     def replace(self, **changes: Any) -> ExecResult:
         return dataclasses.replace(self, **changes)
@@ -116,7 +105,7 @@ def refusal(
     stderr: str,
     *,
     error_kind: ErrorKind,
-    queue_reason: str,
+    queue_reason: QueueReason,
     queue_for_cloud: bool = True,
     duration_ms: int = 0,
 ) -> ExecResult:

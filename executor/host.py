@@ -193,7 +193,7 @@ def _result(
         exit_code=exit_code,
         duration_ms=elapsed_ms,
         queue_for_cloud=timed_out,
-        queue_reason=str(QueueReason.TIMEOUT) if timed_out else None,
+        queue_reason=QueueReason.TIMEOUT if timed_out else None,
         error_kind=kind,
         stdout_truncated=stdout.truncated,
         stderr_truncated=stderr.truncated,

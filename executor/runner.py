@@ -187,7 +187,9 @@ class Executor:
         instead (the node keeps them for offerers it knows, see mesh/standing.py). `control` may stop the run, keeping
         its output so far, and watch its output as it comes (executor/runcontrol.py)."""
         if sandbox == "host" and origin != "local":
-            return refusal(SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=SANDBOX_REQUIRED)
+            return refusal(
+                SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.SANDBOX_REQUIRED
+            )
         if sandbox not in ("docker", "host") or origin not in ("local", "remote"):
             return _invalid(f"unknown sandbox {sandbox!r} or origin {origin!r}")
         try:
@@ -215,13 +217,13 @@ class Executor:
                 return refusal(
                     f"{QueueReason.OUTSIDE_SUBSET}: {violation.construct}{where}",
                     error_kind=ErrorKind.SANDBOX_VIOLATION,
-                    queue_reason=str(QueueReason.OUTSIDE_SUBSET),
+                    queue_reason=QueueReason.OUTSIDE_SUBSET,
                 )
         limits = self.policy.clamp(request.limits)
         if self._closing:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
-            return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.BUSY))
+            return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.BUSY)
         return await self._admitted(prepared, limits, tier=tier, spare_warm=spare_warm, control=control)
 
     async def _check_subset(self, request: ExecRequest, tier: Tier | None) -> SubsetViolation | None:
@@ -241,9 +243,7 @@ class Executor:
                 f"{QueueReason.ISOLATION_INSUFFICIENT}: the run needs at least {minimum}; this executor offers "
                 f"{', '.join(self.policy.isolation)}"
             )
-            return refusal(
-                why, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=str(QueueReason.ISOLATION_INSUFFICIENT)
-            )
+            return refusal(why, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.ISOLATION_INSUFFICIENT)
         healthy = [t for t in self.policy.isolation if not self.sandboxes[t].withdrawn]
         tier = weakest_meeting(healthy, minimum)
         if tier is None:
@@ -255,7 +255,7 @@ class Executor:
             return refusal(
                 f"sandbox unavailable: every tier that meets the run's minimum failed its canary ({failed})",
                 error_kind=ErrorKind.SANDBOX_VIOLATION,
-                queue_reason=str(QueueReason.SANDBOX_UNAVAILABLE),
+                queue_reason=QueueReason.SANDBOX_UNAVAILABLE,
             )
         return tier
 
@@ -359,7 +359,7 @@ async def run_code(
 
 def _aborted(duration_ms: int) -> ExecResult:
     return refusal(
-        "run aborted", error_kind=ErrorKind.ABORTED, queue_reason=str(QueueReason.ABORTED), duration_ms=duration_ms
+        "run aborted", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED, duration_ms=duration_ms
     )
 
 

@@ -725,11 +725,9 @@ def offer(
     )
     outcome = run_command(run_offer, options)
     if outcome.refusal is not None:
-        refused: dict[str, Any] = {
-            "ok": False,
-            "refusal": str(outcome.refusal.reason),
-            "detail": outcome.refusal.detail,
-        }
+        # A refusal the seed defines as a run result (a host request, no sandbox, no room) prints that result too.
+        shape = outcome.refusal.result.to_json() if outcome.refusal.result is not None else {"ok": False}
+        refused: dict[str, Any] = {**shape, "refusal": str(outcome.refusal.reason), "detail": outcome.refusal.detail}
         if outcome.refusal.retry_after_ms is not None:  # refused for want of room: when the node will look again
             refused["retryAfterMs"] = outcome.refusal.retry_after_ms
         emit(refused)

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from executor.contract import ErrorKind, QueueReason
 from transports.hardening.refusals import Refusal
-from transports.wire.reasons import Reason
+from transports.wire.reasons import WIRE_REFUSALS
 
 # Every transport that delivers offers, and the gossip validator, which refuses offers before they are forwarded.
 TRANSPORTS = ("gossip", "direct", "ble", "coordinator")
@@ -80,7 +80,7 @@ class NodeMetrics:
         for transport in TRANSPORTS:
             self._admitted[transport] = self.offers.labels(transport)
         for transport in REJECTING:
-            for reason in Reason:
+            for reason in sorted(WIRE_REFUSALS):
                 self._rejected[(transport, str(reason))] = self.rejections.labels(transport, str(reason))
         for kind in ("none", *map(str, ErrorKind)):
             for queue_reason in ("none", *map(str, QueueReason)):

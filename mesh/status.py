@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from transports.wire.peerid import ed25519_peer_id
 
 if TYPE_CHECKING:
-    from executor.contract import ExecResult
+    from executor.contract import ExecResult, QueueReason
     from mesh.intake import Job
     from mesh.node import MeshNode
 
@@ -35,7 +35,7 @@ class JobRecord:
     state: str = "claiming"  # claiming, running, answered, not-claimed, abandoned
     ok: bool | None = None
     error_kind: str | None = None
-    queue_reason: str | None = None
+    queue_reason: QueueReason | None = None
     duration_ms: int | None = None
     finished_at_ms: int | None = None
 
@@ -49,7 +49,7 @@ class JobRecord:
             "finishedAtMs": self.finished_at_ms,
             "ok": self.ok,
             "errorKind": self.error_kind,
-            "queueReason": self.queue_reason,
+            "queueReason": None if self.queue_reason is None else str(self.queue_reason),
             "durationMs": self.duration_ms,
         }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from executor.contract import ErrorKind, ExecResult, Limits
+from executor.contract import ErrorKind, ExecResult, Limits, QueueReason
 from transports.wire.identity import NodeIdentity
 from transports.wire.offers import ISOLATION_TIERS, MAX_ATTEMPTS, MAX_INVITEES, Audience, TaskOffer
 from transports.wire.peerid import ed25519_peer_id
@@ -73,7 +73,7 @@ exec_results = st.builds(
     exit_code=st.none() | st.integers(-(2**31), 2**31),
     duration_ms=st.integers(0, 10**7),
     queue_for_cloud=st.booleans(),
-    queue_reason=st.none() | st.sampled_from(["timeout", "busy", "outside_subset"]),
+    queue_reason=st.none() | st.sampled_from(list(QueueReason)),
     error_kind=st.none() | st.sampled_from(list(ErrorKind)),
     stdout_truncated=st.booleans(),
     stderr_truncated=st.booleans(),

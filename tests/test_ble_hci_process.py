@@ -233,7 +233,10 @@ def test_a_host_request_over_ble_is_refused_sandbox_required(
     )
     # The intake refuses it before any claim and says so over BLE: a typed refusal (exit 3), never a run anywhere.
     assert code == 3, err
-    assert answer == {"ok": False, "refusal": "sandbox_required_for_remote_task", "detail": answer["detail"]}
+    # The seed's shape, with the reason code beside it.
+    assert answer["ok"] is False and answer["refusal"] == "sandbox_required_for_remote_task"
+    assert answer["stderr"] == "sandbox_required_for_remote_task" and answer["exitCode"] is None
+    assert answer["queueForCloud"] is True and answer["queueReason"] == "sandbox_required_for_remote_task"
     assert node.process.poll() is None
 
 

@@ -161,6 +161,8 @@ def test_two_nodes_and_an_offer_through_the_cli(
     assert host.returncode == 3  # a typed refusal, before the offer was admitted
     refused = last_json(host.stdout)
     assert refused["ok"] is False and refused["refusal"] == "sandbox_required_for_remote_task"
+    assert refused["stderr"] == "sandbox_required_for_remote_task" and refused["exitCode"] is None  # the seed's shape
+    assert refused["queueForCloud"] is True and refused["queueReason"] == "sandbox_required_for_remote_task"
 
     metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
     assert "edgecoder_offers_admitted_total" in metrics and "edgecoder_participating 1.0" in metrics

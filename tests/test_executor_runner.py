@@ -13,7 +13,7 @@ import docker
 import pytest
 import trio
 
-from executor.contract import SANDBOX_REQUIRED, ErrorKind, ExecRequest, ExecResult, Limits
+from executor.contract import SANDBOX_REQUIRED, ErrorKind, ExecRequest, ExecResult, Limits, QueueReason
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
 from tests.conftest import containers_of
@@ -62,7 +62,7 @@ async def test_remote_host_run_is_refused_and_starts_nothing(
         stderr=SANDBOX_REQUIRED,
         exit_code=None,
         queue_for_cloud=True,
-        queue_reason=SANDBOX_REQUIRED,
+        queue_reason=QueueReason.SANDBOX_REQUIRED,
         error_kind=ErrorKind.SANDBOX_VIOLATION,
     )
     assert result.to_json()["queueReason"] == "sandbox_required_for_remote_task"

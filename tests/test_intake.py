@@ -11,6 +11,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from executor.contract import SANDBOX_REQUIRED
 from mesh.intake import Intake, IntakePolicy
 from tests.strategies import NOW, OFFERER, offers
 from transports.base import Admitted, Delivery
@@ -365,3 +366,35 @@ def test_a_version_1_offer_is_still_taken_on_any_route() -> None:
     ).sign(OFFERER)
     assert isinstance(deliver(make_intake()[0], v1, "direct"), Admitted)
     assert isinstance(deliver(make_intake()[0], v1, "gossip"), Admitted)
+
+
+def test_a_host_request_is_refused_before_any_claim_with_the_seeds_run_result() -> None:
+    """The seed's contract: ok false, stderr `sandbox_required_for_remote_task`, no process; refused by the intake
+    itself, so the transport never asks the offerer for a claim, and the reason code stays beside the result."""
+    intake, _ = make_intake()
+    claims: list[None] = []
+
+    async def claim() -> bool:
+        claims.append(None)
+        return True
+
+    async def go() -> Admitted | Rejection:
+        raw = offer(sandbox="host")
+        return await intake.deliver(Delivery(raw, "gossip", "12D3KooWtest", _no_reply, claim=claim))
+
+    verdict = trio.run(go)
+    assert isinstance(verdict, Rejection) and verdict.reason is Reason.SANDBOX_REQUIRED
+    assert verdict.result is not None
+    assert verdict.result.to_json() == {
+        "ok": False,
+        "stdout": "",
+        "stderr": "sandbox_required_for_remote_task",
+        "exitCode": None,
+        "durationMs": 0,
+        "queueForCloud": True,
+        "queueReason": "sandbox_required_for_remote_task",
+        "errorKind": "sandbox-violation",
+        "stdoutTruncated": False,
+        "stderrTruncated": False,
+    }
+    assert claims == [] and len(intake.jobs) == 0 and intake.rejected[("gossip", SANDBOX_REQUIRED)] == 1

@@ -18,12 +18,16 @@ RUNNERS = [f"runner-{n}" for n in range(3)]  # few, so that a runner asking agai
 OUTCOMES: dict[str, ExecResult] = {
     "ok": ExecResult(ok=True, stdout="6\n", exit_code=0),
     "timeout": ExecResult(ok=False, exit_code=124, error_kind=ErrorKind.TIMEOUT, queue_reason=QueueReason.TIMEOUT),
-    "memory": ExecResult(ok=False, exit_code=137, error_kind=ErrorKind.MEMORY_EXCEEDED, queue_reason="memory_exceeded"),
+    "memory": ExecResult(
+        ok=False, exit_code=137, error_kind=ErrorKind.MEMORY_EXCEEDED, queue_reason=QueueReason.MEMORY
+    ),
     "exit 1": ExecResult(ok=False, exit_code=1, error_kind=ErrorKind.EXECUTION_FAILED),
-    "subset": ExecResult(ok=False, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason="outside_subset"),
-    "no sandbox": ExecResult(ok=False, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason="sandbox_unavailable"),
-    "node error": ExecResult(ok=False, error_kind=ErrorKind.EXECUTION_FAILED, queue_reason="node_error"),
-    "shut down": ExecResult(ok=False, error_kind=ErrorKind.ABORTED, queue_reason="aborted"),
+    "subset": ExecResult(ok=False, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.OUTSIDE_SUBSET),
+    "no sandbox": ExecResult(
+        ok=False, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.SANDBOX_UNAVAILABLE
+    ),
+    "node error": ExecResult(ok=False, error_kind=ErrorKind.EXECUTION_FAILED, queue_reason=QueueReason.NODE_ERROR),
+    "shut down": ExecResult(ok=False, error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED),
 }
 JOB_FAULTS = {"timeout", "memory", "exit 1", "subset"}
 

@@ -165,6 +165,11 @@ def test_a_remote_offer_asking_for_the_host_is_refused_without_a_container(docke
             assert outcome.result is None and outcome.refusal is not None
             assert str(outcome.refusal.reason) == SANDBOX_REQUIRED
             assert node.intake.rejected[("direct", SANDBOX_REQUIRED)] == 1 and not node.ran
+            # The seed's contract, carried on the wire beside the code: the run that never started.
+            seed = outcome.refusal.result
+            assert seed is not None and not seed.ok and seed.stderr == SANDBOX_REQUIRED
+            assert (seed.exit_code, seed.duration_ms, seed.queue_for_cloud) == (None, 0, True)
+            assert seed.queue_reason == SANDBOX_REQUIRED
             # Nothing was created for it (a leftover of the start-up may still vanish; nothing may appear).
             assert {c["Id"] for c in containers_of(docker_api, label)} <= {c["Id"] for c in before}
 

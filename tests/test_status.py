@@ -22,7 +22,7 @@ from mesh.metrics_server import serve_metrics
 from mesh.node import MeshNode, NodeConfig
 from mesh.status import health, node_status
 from transports.wire.identity import NodeIdentity
-from transports.wire.reasons import Reason
+from transports.wire.reasons import WIRE_REFUSALS
 
 CLI = [sys.executable, "-m", "mesh.cli"]
 
@@ -75,7 +75,7 @@ async def test_every_labelled_metric_exists_at_zero_on_a_fresh_node() -> None:
         text = (await get(f"{url}/metrics")).text
     for transport in ("gossip", "direct", "ble", "coordinator"):
         assert f'edgecoder_offers_admitted_total{{transport="{transport}"}} 0.0' in text
-        for reason in Reason:
+        for reason in WIRE_REFUSALS:
             assert f'edgecoder_offers_rejected_total{{reason="{reason}",transport="{transport}"}} 0.0' in text
     assert 'edgecoder_results_total{error_kind="none",queue_reason="none"} 0.0' in text
     assert 'edgecoder_results_total{error_kind="timeout",queue_reason="timeout"} 0.0' in text

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from executor.contract import ErrorKind, ExecResult, Limits
+from executor.contract import ErrorKind, ExecResult, Limits, QueueReason
 from transports.wire.codec import Domain
 from transports.wire.identity import NodeIdentity
 from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, StreamDigest, open_cancel, open_progress
@@ -101,7 +101,7 @@ def build() -> dict[str, dict[str, Any]]:
             exit_code=124,
             duration_ms=2_001,
             queue_for_cloud=True,
-            queue_reason="timeout",
+            queue_reason=QueueReason.TIMEOUT,
             error_kind=ErrorKind.TIMEOUT,
         ),
         completed_at_ms=ISSUED + 3_000,

@@ -15,14 +15,15 @@ import trio
 from libp2p.io.exceptions import IOException
 
 from transports.wire.codec import pack
+from transports.wire.reasons import Reason
 
 LENGTH = struct.Struct(">I")
 
 
 class FrameFault(enum.StrEnum):
-    TOO_LARGE = "too_large"
-    TIMEOUT = "timeout"
-    CLOSED = "closed"
+    TOO_LARGE = Reason.TOO_LARGE
+    TIMEOUT = Reason.TIMEOUT
+    CLOSED = Reason.CLOSED
 
 
 class FrameError(Exception):

@@ -40,7 +40,7 @@ from transports.wire.identity import NodeIdentity
 from transports.wire.jsontext import JsonError, parse_json
 from transports.wire.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
 from transports.wire.peerid import ed25519_peer_id
-from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.reasons import Reason, Rejected, Rejection, wire_refusal
 
 log = structlog.get_logger("edgecoder.coordinator")
 
@@ -457,10 +457,9 @@ class Coordinator:
         task_id = _task_id(request)
         agent, body = await self._authenticate(request, MAX_JSON_BODY)
         data = _json_object(body, frozenset({"reason", "detail"}))
-        try:
-            reason = Reason(str(data.get("reason")))
-        except ValueError:
-            raise Refused(CoordinatorReason.MALFORMED, "reason must be one of the node's reason codes") from None
+        reason = wire_refusal(data.get("reason"))
+        if reason is None:
+            raise Refused(CoordinatorReason.MALFORMED, "reason must be one of the node's refusal codes")
         detail = data.get("detail", "")
         if not isinstance(detail, str) or len(detail) > MAX_DETAIL_CHARS:
             raise Refused(CoordinatorReason.MALFORMED, f"detail must be a string of at most {MAX_DETAIL_CHARS} chars")

@@ -6,7 +6,8 @@ are canonical msgpack maps:
     {"type": "result", "result": <signed result bytes>}     offer stream, after the work ran
     {"type": "grant"}                                        claim stream
     {"type": "ack"}                                          result and abort streams
-    {"type": "refusal", "reason": <Reason>, "detail": str}   any stream
+    {"type": "refusal", "reason": <Reason>, "detail": str}   any stream; a refusal the seed defines as a run
+                                                             result also carries it, "result": {ok: false, ...}
 
 A job is bound to the request that brought it. On an offer stream the offerer may send one more frame while it
 waits, `{"type": "abort"}`; that frame, the stream's end or reset, or the result timeout cancel the job's scope

@@ -10,8 +10,8 @@ from libp2p.abc import INetStream
 
 from transports.framing import FrameFault, write_frame
 from transports.wire.codec import pack, unpack_strict
-from transports.wire.offers import MAX_RESULT_BYTES
-from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.offers import MAX_RESULT_BYTES, parse_run_result
+from transports.wire.reasons import Reason, Rejected, Rejection, wire_refusal
 
 # A signed result plus the answer map around it.
 MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024
@@ -54,6 +54,8 @@ def refusal_message(rejection: Rejection) -> dict[str, Any]:
     message: dict[str, Any] = {"type": "refusal", "reason": str(rejection.reason), "detail": rejection.detail[:512]}
     if rejection.retry_after_ms is not None:
         message["retryAfterMs"] = rejection.retry_after_ms  # when this peer's next offer is looked at
+    if rejection.result is not None:  # the seed's run result of this refusal (RUN_RESULT_REFUSALS), beside its code
+        message["result"] = rejection.result.to_json()
     return message
 
 
@@ -74,12 +76,15 @@ def checked_answer(answer: Any, expected: str) -> dict[str, Any] | Rejection:
     if kind == "refusal":
         reason, detail, retry = answer.get("reason"), answer.get("detail", ""), answer.get("retryAfterMs")
         retry_ok = isinstance(retry, int) and not isinstance(retry, bool) and 0 < retry <= MAX_RETRY_AFTER_MS
-        try:
-            return Rejection(
-                Reason(str(reason)), detail if isinstance(detail, str) else "", retry if retry_ok else None
-            )
-        except ValueError:
+        code = wire_refusal(reason)
+        if code is None:
             return Rejection(Reason.MALFORMED, f"peer refused with an unknown reason {str(reason)[:64]!r}")
+        try:
+            # A peer before the seed's run results sends none: the Rejection then derives it from the code.
+            result = None if answer.get("result") is None else parse_run_result(answer["result"])
+        except Rejected as exc:
+            return exc.rejection
+        return Rejection(code, detail if isinstance(detail, str) else "", retry if retry_ok else None, result)
     if kind != expected:
         return Rejection(Reason.MALFORMED, f"expected a {expected!r} answer, got {str(kind)[:32]!r}")
     return answer

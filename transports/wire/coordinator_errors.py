@@ -10,27 +10,29 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from transports.wire.reasons import Reason
+
 
 class CoordinatorReason(enum.StrEnum):
-    UNSIGNED = "unsigned"
-    BAD_SIGNATURE = "bad_signature"
-    SKEWED = "skewed"
-    REPLAYED_NONCE = "replayed_nonce"
-    TOO_LARGE = "too_large"
-    RATE_LIMITED = "rate_limited"
+    UNSIGNED = Reason.UNSIGNED
+    BAD_SIGNATURE = Reason.BAD_SIGNATURE
+    SKEWED = Reason.SKEWED
+    REPLAYED_NONCE = Reason.REPLAYED_NONCE
+    TOO_LARGE = Reason.TOO_LARGE
+    RATE_LIMITED = Reason.RATE_LIMITED
     # A table is at its cap (queued tasks in all or for one offerer, or agents): try again later.
-    BUSY = "busy"
-    UNKNOWN_AGENT = "unknown_agent"
-    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
-    UNKNOWN_TASK = "unknown_task"
-    NOT_CLAIMED = "not_claimed"
-    CLAIMED_BY_OTHER = "claimed_by_other"
-    DUPLICATE_TASK = "duplicate_task"
-    WRONG_EXECUTOR = "wrong_executor"
-    RESULT_MISMATCH = "result_mismatch"
-    MALFORMED = "malformed"
-    NOT_FOUND = "not_found"
-    INTERNAL = "internal"
+    BUSY = Reason.BUSY
+    UNKNOWN_AGENT = Reason.UNKNOWN_AGENT
+    SANDBOX_UNAVAILABLE = Reason.SANDBOX_UNAVAILABLE
+    UNKNOWN_TASK = Reason.UNKNOWN_TASK
+    NOT_CLAIMED = Reason.NOT_CLAIMED
+    CLAIMED_BY_OTHER = Reason.CLAIMED_BY_OTHER
+    DUPLICATE_TASK = Reason.DUPLICATE_TASK
+    WRONG_EXECUTOR = Reason.WRONG_EXECUTOR
+    RESULT_MISMATCH = Reason.RESULT_MISMATCH
+    MALFORMED = Reason.MALFORMED
+    NOT_FOUND = Reason.NOT_FOUND
+    INTERNAL = Reason.INTERNAL
     # An offer refused on enqueue keeps the codec's own reason (expired, bad_signature, ...); see `offer_refused`.
 
 

@@ -30,7 +30,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.contract import LANGUAGES, SANDBOXES, ErrorKind, ExecResult, Language, Limits, SandboxKind
+from executor.contract import (
+    LANGUAGES,
+    SANDBOXES,
+    ErrorKind,
+    ExecResult,
+    Language,
+    Limits,
+    QueueReason,
+    SandboxKind,
+)
 from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, open_envelope, pack, seal
 from transports.wire.identity import PUBLIC_KEY_SIZE, NodeIdentity
 from transports.wire.reasons import Reason, Rejected
@@ -74,13 +83,10 @@ _OFFER_FIELDS_V2 = _OFFER_FIELDS | {"audience", "minIsolation"}
 _OFFER_FIELDS_V3 = _OFFER_FIELDS_V2 | {"attempt", "queueDeadlineMs", "follow", "sealed"}
 _OFFER_FIELDS_BY_VERSION = {1: _OFFER_FIELDS, 2: _OFFER_FIELDS_V2, 3: _OFFER_FIELDS_V3}
 _LIMIT_FIELDS = frozenset({"timeoutMs", "memoryMb", "milliCpus"})
-_RESULT_FIELDS = frozenset(
+# The run_code contract's fields, as a result carries them and as a refusal the seed defines as a run result does
+# (transports.wire.reasons.RUN_RESULT_REFUSALS).
+_CONTRACT_FIELDS = frozenset(
     {
-        "version",
-        "offerId",
-        "offerDigest",
-        "executor",
-        "completedAt",
         "ok",
         "stdout",
         "stderr",
@@ -93,8 +99,10 @@ _RESULT_FIELDS = frozenset(
         "stderrTruncated",
     }
 )
+_RESULT_FIELDS = _CONTRACT_FIELDS | {"version", "offerId", "offerDigest", "executor", "completedAt"}
 _RESULT_FIELDS_V2 = _RESULT_FIELDS | {"attempt", "streamDigest", "streamDropped"}
 _ERROR_KINDS = tuple(str(k) for k in ErrorKind)
+_QUEUE_REASONS = tuple(str(q) for q in QueueReason)
 
 
 def now_ms() -> int:
@@ -450,12 +458,39 @@ def result_digest(result: ExecResult) -> bytes:
     return hashlib.sha256(pack([*what, result.stdout, result.stderr, result.stdout_truncated])).digest()
 
 
+def _contract(f: Fields) -> ExecResult:
+    kind = f.opt_text("errorKind", 32, choices=_ERROR_KINDS)
+    queue_reason = f.opt_text("queueReason", 64, choices=_QUEUE_REASONS)
+    return ExecResult(
+        ok=f.boolean("ok"),
+        stdout=f.text("stdout", MAX_OUTPUT_CHARS),
+        stderr=f.text("stderr", MAX_OUTPUT_CHARS),
+        exit_code=f.opt_integer("exitCode", -(2**31), 2**31),
+        duration_ms=f.integer("durationMs"),
+        queue_for_cloud=f.boolean("queueForCloud"),
+        queue_reason=None if queue_reason is None else QueueReason(queue_reason),
+        error_kind=None if kind is None else ErrorKind(kind),
+        stdout_truncated=f.boolean("stdoutTruncated"),
+        stderr_truncated=f.boolean("stderrTruncated"),
+    )
+
+
+def parse_run_result(value: Any) -> ExecResult:
+    """The unsigned run result a refusal carries (`transports.wire.reasons.RUN_RESULT_REFUSALS`), checked as
+    strictly as a signed one's fields; `malformed` otherwise. A run that never started: never `ok`."""
+    if type(value) is not dict:
+        raise Rejected(Reason.MALFORMED, "a refusal's result must be a map")
+    result = _contract(Fields(value, _CONTRACT_FIELDS, "refusal result"))
+    if result.ok:
+        raise Rejected(Reason.MALFORMED, "a refusal's result cannot be ok")
+    return result
+
+
 def open_result(raw: bytes, *, expect_executor: bytes | None = None, max_size: int = MAX_RESULT_BYTES) -> TaskResult:
     """Decode and verify a result. With `expect_executor`, the result must come from that key (the claimant)."""
     envelope = open_envelope(Domain.RESULT, raw, max_size=max_size)
     version = _require_version(envelope, "result", RESULT_VERSIONS)
     f = Fields(envelope.fields, _RESULT_FIELDS if version == 1 else _RESULT_FIELDS_V2, "result")
-    kind = f.opt_text("errorKind", 32, choices=_ERROR_KINDS)
     result = TaskResult(
         version=version,
         attempt=1 if version == 1 else f.integer("attempt", 1, MAX_ATTEMPTS),
@@ -465,18 +500,7 @@ def open_result(raw: bytes, *, expect_executor: bytes | None = None, max_size: i
         offer_digest=f.binary("offerDigest", DIGEST_SIZE),
         executor=f.binary("executor", PUBLIC_KEY_SIZE),
         completed_at_ms=f.integer("completedAt"),
-        result=ExecResult(
-            ok=f.boolean("ok"),
-            stdout=f.text("stdout", MAX_OUTPUT_CHARS),
-            stderr=f.text("stderr", MAX_OUTPUT_CHARS),
-            exit_code=f.opt_integer("exitCode", -(2**31), 2**31),
-            duration_ms=f.integer("durationMs"),
-            queue_for_cloud=f.boolean("queueForCloud"),
-            queue_reason=f.opt_text("queueReason", 64),
-            error_kind=None if kind is None else ErrorKind(kind),
-            stdout_truncated=f.boolean("stdoutTruncated"),
-            stderr_truncated=f.boolean("stderrTruncated"),
-        ),
+        result=_contract(f),
     )
     if expect_executor is not None and result.executor != expect_executor:
         raise Rejected(Reason.WRONG_EXECUTOR, "result signed by a key other than the claimant's")

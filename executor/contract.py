@@ -49,6 +49,9 @@ class QueueReason(enum.StrEnum):
     NODE_ERROR = "node_error"
     # The run needs a stronger isolation tier than this executor offers.
     ISOLATION_INSUFFICIENT = "isolation_insufficient"
+    # A sealed offer's payload did not open, or was not the code and input the offer's digests name: nothing ran
+    # (transports.wire.reasons has the same word).
+    PAYLOAD_MISMATCH = "payload_mismatch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,9 @@ import trio
 
 from mesh.peers import Heartbeat, PeerDirectory
 from transports.wire.identity import public_key_of_peer_id
-from transports.wire.offers import ReceivedOffer, TaskResult, meets, open_result
+from transports.wire.offers import MAX_RESULT_BYTES, ReceivedOffer, TaskResult, meets, open_result
 from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.sealed import Payload, SealKey, open_sealed_result, seal_payload
 
 # Asks a peer for its current status over a direct stream: the status, or why not.
 AskStatus = Callable[[str], Awaitable[dict[str, Any] | Rejection]]
@@ -70,11 +71,22 @@ class ClaimJob:
 
 
 @dataclass(slots=True)
+class Sealing:
+    """What the offerer of a sealed offer keeps to itself: the payload, and the key the offer names."""
+
+    payload: Payload
+    key: SealKey = field(default_factory=SealKey)
+
+
+@dataclass(slots=True)
 class PostedOffer:
     """One issue of a job: the offer as signed and published."""
 
     received: ReceivedOffer
     job: ClaimJob = field(default_factory=ClaimJob)
+    # A sealed offer's payload and the private half of its key: the payload goes, sealed, to the claimant granted,
+    # and the key opens the result sealed back. None for an offer published in the clear.
+    sealing: Sealing | None = None
 
     @property
     def results(self) -> list[TaskResult]:
@@ -129,9 +141,12 @@ class ClaimDesk:
         self._posted: OrderedDict[bytes, PostedOffer] = OrderedDict()
         self.strikes = Strikes()
 
-    def post(self, received: ReceivedOffer, job: ClaimJob | None = None) -> PostedOffer:
-        """Open an issue for claims; `job` joins it to the earlier issues of the same work."""
-        posted = PostedOffer(received, job or ClaimJob(redundancy=self.redundancy))
+    def post(self, received: ReceivedOffer, job: ClaimJob | None = None, sealing: Sealing | None = None) -> PostedOffer:
+        """Open an issue for claims; `job` joins it to the earlier issues of the same work. A sealed offer comes
+        with its `sealing`: the payload to send the claimant granted."""
+        if sealing is not None and received.offer.sealed is None:
+            raise ValueError("only a sealed offer is posted with a sealing")
+        posted = PostedOffer(received, job or ClaimJob(redundancy=self.redundancy), sealing)
         self._posted[received.offer.offer_id] = posted
         while len(self._posted) > self.capacity:
             self._posted.popitem(last=False)
@@ -168,7 +183,38 @@ class ClaimDesk:
     async def grant_claim(
         self, offer_id: bytes, claimant: str, status: dict[str, Any] | None = None
     ) -> Rejection | None:
+        """None grants a clear offer's claim. A sealed offer's claim names the key to seal its payload to."""
         posted = self._posted.get(offer_id)
+        if posted is not None and posted.received.offer.sealed is not None:
+            posted.job.requests += 1
+            posted.job.refused += 1
+            return Rejection(Reason.MALFORMED, "a claim on a sealed offer names the key to seal it to (sealTo)")
+        return await self._grant(posted, claimant, status)
+
+    async def grant_sealed_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None, seal_to: bytes
+    ) -> Rejection | bytes:
+        """A sealed offer's grant: its payload sealed to `seal_to`, the key the claimant made for this claim (sent
+        over its Noise-authenticated stream, so it is the claimant's). Sealed before judging, so that a key no one
+        can hold is refused before it takes a grant; a refused claim never sees the payload."""
+        posted = self._posted.get(offer_id)
+        if posted is None:
+            return Rejection(Reason.UNKNOWN_OFFER, "no such offer is open here")
+        try:
+            if posted.received.offer.sealed is None:
+                raise Rejected(Reason.MALFORMED, "this offer went out in the clear: its claim names no key")
+            if posted.sealing is None:  # someone else's sealed offer, relayed: its payload is not ours to give
+                raise Rejected(Reason.CLAIM_REFUSED, "this node does not hold the offer's payload")
+            sealed = seal_payload(posted.sealing.payload, posted.received.digest, seal_to)
+        except Rejected as rejected:
+            posted.job.requests += 1
+            posted.job.refused += 1
+            return rejected.rejection
+        return await self._grant(posted, claimant, status) or sealed
+
+    async def _grant(
+        self, posted: PostedOffer | None, claimant: str, status: dict[str, Any] | None
+    ) -> Rejection | None:
         if posted is None:
             return Rejection(Reason.UNKNOWN_OFFER, "no such offer is open here")
         job = posted.job
@@ -231,6 +277,19 @@ class ClaimDesk:
         if job.complete:
             job.done.set()
         return None
+
+    async def accept_sealed_result(self, offer_id: bytes, sealed: bytes, sender: str) -> Rejection | None:
+        """A sealed offer's result, sealed to the offer's key: opened here, then taken as any result."""
+        posted = self._posted.get(offer_id)
+        if posted is None:
+            return Rejection(Reason.UNKNOWN_OFFER, "no such offer is open here")
+        if posted.sealing is None:
+            return Rejection(Reason.MALFORMED, "this offer went out in the clear: its result is not sealed")
+        try:
+            raw = open_sealed_result(sealed, posted.received.digest, posted.sealing.key, max_size=MAX_RESULT_BYTES)
+        except Rejected as rejected:
+            return rejected.rejection
+        return await self.accept_result(raw, sender)
 
     def undelivered(self, job: ClaimJob) -> list[tuple[str, bytes]]:
         """(claimant, offer id) of each grant on `job`, lapsed ones included, that has not delivered a result."""

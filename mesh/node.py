@@ -53,6 +53,7 @@ from transports.wire.offers import (
     TaskResult,
 )
 from transports.wire.peerid import ed25519_peer_id
+from transports.wire.sealed import Payload
 
 log = structlog.get_logger("edgecoder.node")
 
@@ -135,6 +136,7 @@ class MeshNode:
             invitees=config.invitees,
             invite_window_s=config.invite_window_s,
             claim_redundancy=config.claim_redundancy,
+            seal_gossip=config.seal_gossip,
         )
         self.rendezvous = Rendezvous(
             p2p,
@@ -415,6 +417,20 @@ class MeshNode:
     async def _run(self, job: Job) -> ExecResult:
         offer = job.received.offer
         assert self.executor is not None
+        if offer.sealed is not None:
+            # The payload the grant carried, checked against the offer's digests by the transport; anything else
+            # (no payload, one that would not open or is not what the offer names) runs nothing.
+            payload = job.delivery.payload
+            if not isinstance(payload, Payload):
+                why = payload.detail if payload is not None else "the grant carried no payload"
+                log.warning("sealed payload refused", offer=offer.offer_id.hex(), detail=why)
+                return refusal(
+                    f"payload_mismatch: {why}",
+                    error_kind=ErrorKind.EXECUTION_FAILED,
+                    queue_reason=QueueReason.PAYLOAD_MISMATCH,
+                    queue_for_cloud=False,
+                )
+            offer = offer.opened(payload)
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
         # A fresh offerer's run leaves the last warm container to offerers this node knows (mesh/standing.py).

@@ -41,6 +41,9 @@ class NodeConfig:
     invite_window_s: float = 1.0
     gate_interval: float = 5.0
     claim_redundancy: int = 1
+    # Seal this node's own gossip offers (transports/wire/sealed.py): gossip carries the offer without its code and
+    # input, and only the runner granted gets them, sealed to it. Off only to measure or to talk to older nodes.
+    seal_gossip: bool = True
     # How long past the offer's own timeout a claim may go without a result before it lapses.
     claim_lease_margin_s: float = 15.0
     # Labels this node's containers, so a restart sweeps what a crash left behind. The PeerID by default: a node

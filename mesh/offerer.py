@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 import trio
 
-from mesh.claims import ClaimDesk, ClaimJob, PostedOffer
+from mesh.claims import ClaimDesk, ClaimJob, PostedOffer, Sealing
 from mesh.invitations import INVITEES, Candidate, candidates, choose_invitees
 from mesh.peers import PeerDirectory
 from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
@@ -78,6 +78,7 @@ class Offerer:
         invitees: int = INVITEES,
         invite_window_s: float = 1.0,
         claim_redundancy: int = 1,
+        seal_gossip: bool = True,
     ) -> None:
         self.identity = identity
         self.p2p = p2p
@@ -90,6 +91,8 @@ class Offerer:
         self.invitees = invitees
         self.invite_window_s = invite_window_s
         self.claim_redundancy = claim_redundancy
+        # Our own clear offers go out sealed: gossip carries no code and no input (transports/wire/sealed.py).
+        self.seal_gossip = seal_gossip
 
     async def wait_for_runner(self, *, timeout: float) -> bool:
         """Wait until a runner is known (a neighbour's status, or one a neighbour reports) and some peer takes
@@ -150,6 +153,10 @@ class Offerer:
         its invitees, or is not ours, is published as it is (and re-issued only after a lapse, if ours). However
         this ends, every claimant still holding a claim without having delivered is told to abort, and the issues
         leave the claim desk.
+
+        Our own offer in the clear is sealed first (unless `seal_gossip` is off): every issue goes out without its
+        code and input, under one ephemeral X25519 key, and the desk sends the payload, sealed, to each claimant it
+        grants. An offer that is not ours goes out as it came.
         """
         deadline = trio.current_time() + timeout
         job = ClaimJob(redundancy=max(1, replicas or self.claim_redundancy))
@@ -158,6 +165,12 @@ class Offerer:
         received = parse_offer(raw)
         offer = received.offer
         ours = offer.offerer == self.identity.public_key
+        sealing: Sealing | None = None
+        if ours and self.seal_gossip and offer.sealed is None:
+            sealing = Sealing(offer.payload)
+            offer = offer.sealed_with(sealing.key.public)
+            raw = offer.sign(self.identity)
+            received = parse_offer(raw)
         inviting = ours and offer.audience is not None and offer.audience.to is None and not offer.audience.invited
         replicas = job.redundancy
         invitees = self._fresh_invitees(offer, invited, replicas=replicas) if inviting else []
@@ -169,7 +182,7 @@ class Offerer:
                     raw = self._reissue(offer, invitees, fresh_id=bool(issues), keep_audience=keep)
                     received = parse_offer(raw)
                     invited += [p for p in invitees if p not in invited]
-                issues.append(self.desk.post(received, job))
+                issues.append(self.desk.post(received, job, sealing))
                 refusal = await self.gossip.publish_offer(raw)
                 if refusal is not None:
                     return OfferOutcome(refusal=refusal)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import trio
 
 from transports.wire.reasons import Rejection
+from transports.wire.sealed import Payload
 
 # Asks the offerer for the right to run this offer. True means granted. Direct offers are addressed to us and need
 # no claim; gossip and BLE offers are heard by many and must be claimed so that each runs once.
@@ -42,6 +43,9 @@ class Delivery:
     # closed or timed out, or it sent an abort). The worker runs the job inside it, so the cancel reaches the
     # container. A scope may be cancelled before the worker enters it: the job then never starts.
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # A sealed offer's payload, set by `claim` when the grant carried it: opened and checked against the offer's
+    # digests, or why not (`payload_mismatch`, `malformed`). None for a clear offer, or before the grant.
+    payload: Payload | Rejection | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,7 @@ from transports.pubsub.tuning import with_gossip_features
 from transports.wire.identity import peer_id_of
 from transports.wire.offers import parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.sealed import SealKey, open_payload, seal_result
 
 log = logging.getLogger(__name__)
 
@@ -375,10 +376,11 @@ class GossipTransport:
             return
         raw = bytes(msg.data)
         try:
-            offer = parse_offer(raw).offer  # already validated: read only the id and where to answer
+            received = parse_offer(raw)  # already validated: read only the id, where to answer, and any seal
         except Rejected:
             self.stats["offer_unparseable_after_validation"] += 1
             return
+        offer = received.offer
         offerer = peer_id_of(offer.offerer)
         if offerer == self.host.peer_id:
             # libp2p hands our own publishes to our own subscription. Judged by the offerer, not the pubsub sender:
@@ -387,20 +389,43 @@ class GossipTransport:
         # Only addresses of the offerer itself: a signed offer must not be able to point every node at a third party.
         targets = [a for a in offer.reply_to if a.endswith(f"/p2p/{offerer}")]
         direct = self.direct
+        terms = offer.sealed
+
+        async def ask(target: str) -> Rejection | None:
+            """A claim; for a sealed offer, with a key of our own for this claim, the payload the grant carries
+            opened and checked into the delivery (or why it would not open)."""
+            if terms is None:
+                return await direct.request_claim(target, offer.offer_id)
+            key = SealKey()
+            answer = await direct.request_sealed_claim(target, offer.offer_id, key.public)
+            if isinstance(answer, Rejection):
+                return answer
+            try:
+                delivery.payload = open_payload(answer, received.digest, key, terms)
+            except Rejected as rejected:
+                self.stats["offer_payload_refused"] += 1
+                delivery.payload = rejected.rejection  # granted all the same: the node answers it, running nothing
+            return None
 
         async def claim() -> bool:
             for target in self._reachable(offerer, targets):
-                rejection = await direct.request_claim(target, offer.offer_id)
+                rejection = await ask(target)
                 if rejection is None:
                     return True
                 if rejection.reason != Reason.UNREACHABLE:
                     return False  # the offerer answered: no
             return False
 
+        async def send(target: str, result: bytes) -> Rejection | None:
+            if terms is None:
+                return await direct.send_result(target, result)
+            sealed = seal_result(result, received.digest, terms.key)
+            return await direct.send_sealed_result(target, offer.offer_id, sealed)
+
         async def reply(result: bytes) -> None:
             last: Rejection | None = None
             for target in self._reachable(offerer, targets):
-                last = await direct.send_result(target, result)
+                last = await send(target, result)
                 if last is None:
                     return
                 if last.reason != Reason.UNREACHABLE:
@@ -408,7 +433,8 @@ class GossipTransport:
             raise ReplyError(f"the offerer did not take the result: {last}")
 
         self.stats["offer_delivered"] += 1
-        await sink.deliver(Delivery(raw, "gossip", sender=_sender(msg), reply=reply, claim=claim))
+        delivery = Delivery(raw, "gossip", sender=_sender(msg), reply=reply, claim=claim)
+        await sink.deliver(delivery)
 
     def _reachable(self, offerer: str, targets: list[str]) -> list[str]:
         """The offerer's PeerID first when we are already connected to it, then its advertised addresses."""

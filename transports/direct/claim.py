@@ -6,9 +6,9 @@ from typing import Any
 
 from libp2p.abc import INetStream
 
-from transports.direct.core import DirectCore
+from transports.direct.core import DirectCore, SealedOfferDesk
 from transports.direct.messages import refusal_message, remote_peer
-from transports.wire.reasons import Rejection
+from transports.wire.reasons import Reason, Rejection
 
 CLAIM_PROTOCOL = "/edgecoder/claim/1.0.0"
 
@@ -23,6 +23,11 @@ class ClaimProtocol(DirectCore):
         offer_id = self._offer_id_of(request, "claim")
         if isinstance(offer_id, Rejection):
             return refusal_message(offer_id)
-        status = request.get("status")
-        decision = self.desk.grant_claim(offer_id, sender, status if isinstance(status, dict) else None)
-        return await self._from_desk(decision, "grant")
+        status, seal_to = request.get("status"), request.get("sealTo")
+        status = status if isinstance(status, dict) else None
+        if seal_to is None:
+            return await self._from_desk(self.desk.grant_claim(offer_id, sender, status), "grant")
+        if not isinstance(seal_to, bytes) or not isinstance(self.desk, SealedOfferDesk):
+            why = "sealTo must be bytes" if isinstance(self.desk, SealedOfferDesk) else "no sealed offers here"
+            return refusal_message(Rejection(Reason.MALFORMED, why))
+        return await self._from_desk(self.desk.grant_sealed_claim(offer_id, sender, status, seal_to), "grant")

@@ -92,7 +92,14 @@ class DirectClient(DirectCore):
         return DirectAnswer(result, None)
 
     async def _ask(
-        self, peer: str, message: dict[str, Any], expected: str, *, legacy: tuple[str, bytes], answer_timeout: float
+        self,
+        peer: str,
+        message: dict[str, Any],
+        expected: str,
+        *,
+        legacy: tuple[str, bytes],
+        answer_timeout: float,
+        max_answer: int = MAX_CONTROL_FRAME,
     ) -> dict[str, Any] | Rejection:
         """One request and its answer: on our control stream to the peer, or, for a peer that does not speak it,
         on a stream of its own (`legacy`: that protocol and its request frame)."""
@@ -100,7 +107,7 @@ class DirectClient(DirectCore):
         if answer is None:
             protocol, payload = legacy
             return await self._exchange(
-                peer, protocol, payload, expected, answer_timeout=answer_timeout, max_answer=MAX_CONTROL_FRAME
+                peer, protocol, payload, expected, answer_timeout=answer_timeout, max_answer=max_answer
             )
         if isinstance(answer, Rejection):
             return answer
@@ -114,6 +121,35 @@ class DirectClient(DirectCore):
             request["status"] = self.status()
         answer = await self._ask(
             peer, request, "grant", legacy=(CLAIM_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
+        )
+        return answer if isinstance(answer, Rejection) else None
+
+    async def request_sealed_claim(self, peer: str, offer_id: bytes, seal_to: bytes) -> Rejection | bytes:
+        """Claim a sealed offer: the grant carries its payload sealed to `seal_to` (our X25519 key for this claim),
+        returned still sealed; or the offerer's refusal. A grant without a payload is `malformed`."""
+        request: dict[str, Any] = {"type": "claim", "offerId": offer_id, "sealTo": seal_to}
+        if self.status is not None:
+            request["status"] = self.status()
+        answer = await self._ask(
+            peer,
+            request,
+            "grant",
+            legacy=(CLAIM_PROTOCOL, pack(request)),
+            answer_timeout=self.stall_timeout,
+            max_answer=MAX_RESULT_FRAME,
+        )
+        if isinstance(answer, Rejection):
+            return answer
+        payload = answer.get("payload")
+        if not isinstance(payload, bytes):
+            return Rejection(Reason.MALFORMED, "the grant of a sealed offer carries no payload")
+        return payload
+
+    async def send_sealed_result(self, peer: str, offer_id: bytes, sealed: bytes) -> Rejection | None:
+        """Carry a sealed offer's result, sealed to the offer's key, back to the offerer. None means acknowledged."""
+        request = {"type": "result", "offerId": offer_id, "sealed": sealed}
+        answer = await self._ask(
+            peer, request, "ack", legacy=(RESULT_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
         )
         return answer if isinstance(answer, Rejection) else None
 

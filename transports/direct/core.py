@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 from libp2p.abc import INetStream
@@ -15,6 +15,7 @@ from transports.control import ControlChannels
 from transports.direct.messages import (
     INVALID_INPUT,
     MAX_CONTROL_FRAME,
+    MAX_RESULT_FRAME,
     REQUEST_FRAME_REASONS,
     decode_request,
     refusal_message,
@@ -45,6 +46,22 @@ class OfferDesk(Protocol):
 
     async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:
         """None acknowledges the result."""
+        ...
+
+
+@runtime_checkable
+class SealedOfferDesk(OfferDesk, Protocol):
+    """A desk that also takes claims on sealed offers (`transports.wire.sealed`). Implemented by `mesh.claims`; a
+    node whose desk does not refuses sealed claims and sealed results as `malformed`."""
+
+    async def grant_sealed_claim(
+        self, offer_id: bytes, claimant: str, status: dict[str, Any] | None, seal_to: bytes
+    ) -> Rejection | bytes:
+        """The grant of a sealed offer's claim: its payload sealed to `seal_to` (the claimant's key for this claim)."""
+        ...
+
+    async def accept_sealed_result(self, offer_id: bytes, sealed: bytes, sender: str) -> Rejection | None:
+        """A sealed offer's result, sealed to the offer's key. None acknowledges it."""
         ...
 
 
@@ -81,7 +98,8 @@ class DirectCore:
         self.holdoff = holdoff if holdoff is not None else BusyHoldoff()
         # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;
         # the client methods fall back to a stream per exchange otherwise.
-        self.control = ControlChannels(host, max_answer=MAX_CONTROL_FRAME, frame_timeout=stall_timeout)
+        # A grant for a sealed offer carries its payload: answers get a result's room.
+        self.control = ControlChannels(host, max_answer=MAX_RESULT_FRAME, frame_timeout=stall_timeout)
         self.use_control = True
 
     async def _refuse(self, stream: INetStream, rejection: Rejection) -> None:
@@ -132,9 +150,12 @@ class DirectCore:
             return Rejection(Reason.MALFORMED, f"expected {{type: {kind}, offerId: 16 bytes}}")
         return offer_id
 
-    async def _from_desk(self, decision: Awaitable[Rejection | None], ok: str) -> dict[str, Any]:
+    async def _from_desk(self, decision: Awaitable[Rejection | bytes | None], ok: str) -> dict[str, Any]:
+        """The desk's decision as an answer: bytes are a sealed offer's payload, carried by the grant."""
         # The desk is local and should answer at once; the bound keeps a slow one from pinning the stream.
         with trio.move_on_after(self.stall_timeout):
-            rejection = await decision
-            return {"type": ok} if rejection is None else refusal_message(rejection)
+            decided = await decision
+            if isinstance(decided, Rejection):
+                return refusal_message(decided)
+            return {"type": ok} if decided is None else {"type": ok, "payload": decided}
         return refusal_message(Rejection(Reason.TIMEOUT, "the offerer did not decide in time"))

@@ -118,6 +118,8 @@ class DirectTransport(
     async def _decide(self, kind: str, request: dict[str, Any], sender: str) -> dict[str, Any]:
         if kind == "claim":
             answer = await self._decide_claim(request, sender)
+        elif kind == "result" and "sealed" in request:
+            answer = await self._decide_sealed_result(request, sender)
         elif kind == "result":
             raw = request.get("result")
             answer = (

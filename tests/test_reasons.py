@@ -162,3 +162,12 @@ def test_a_refusal_from_a_peer_that_sends_no_result_still_gives_the_offerer_the_
     answer = checked_answer({"type": "refusal", "reason": "sandbox_required_for_remote_task", "detail": ""}, "result")
     assert isinstance(answer, Rejection) and answer.result is not None
     assert answer.result.stderr == "sandbox_required_for_remote_task"
+
+
+def test_the_coordinators_offerer_prints_a_run_result_refusal_in_the_seeds_shape() -> None:
+    from mesh.coordinator.cli import _refusal_line
+
+    line = _refusal_line("busy", "the task table is full")
+    assert line["ok"] is False and line["refusal"] == "busy" and line["detail"] == "the task table is full"
+    assert (line["queueForCloud"], line["queueReason"], line["exitCode"]) == (True, "busy", None)
+    assert _refusal_line("unknown_task", "") == {"ok": False, "refusal": "unknown_task", "detail": ""}

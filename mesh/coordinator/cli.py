@@ -436,7 +436,7 @@ def submit(
                 sys.exit(EXIT_REFUSED)
             time.sleep(0.25)
     if status["state"] != "done":
-        _emit({"ok": False, "refusal": status.get("reason") or status["state"], "detail": status.get("detail") or ""})
+        _emit(_refusal_line(status.get("reason") or status["state"], status.get("detail") or ""))
         sys.exit(EXIT_REFUSED)
     _print_verified(status, raw, offer.offer_id, hashlib.sha256(raw).digest())
 
@@ -480,5 +480,15 @@ def _refused(response: Any) -> None:
         reason, detail = str(body["reason"]), str(body.get("detail", ""))
     except (ValueError, KeyError, TypeError):
         reason, detail = "http_error", f"{response.status_code}: {response.text[:200]}"
-    _emit({"ok": False, "refusal": reason, "detail": detail})
+    _emit(_refusal_line(reason, detail))
     sys.exit(EXIT_REFUSED)
+
+
+def _refusal_line(reason: str, detail: str) -> dict[str, Any]:
+    """A refusal as `edgecoder offer` prints it: with the seed's run result first, when the seed defines one for
+    this code (a host request, no sandbox, no room: transports.wire.reasons.RUN_RESULT_REFUSALS)."""
+    from transports.wire.reasons import run_result_of, wire_refusal
+
+    code = wire_refusal(reason)
+    seed = None if code is None else run_result_of(code, detail)
+    return {**(seed.to_json() if seed is not None else {"ok": False}), "refusal": reason, "detail": detail}

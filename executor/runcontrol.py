@@ -25,6 +25,8 @@ class RunControl:
         self._scope: trio.CancelScope | None = None
         # trio.current_time() of the stop, for the time from a cancel to the container's end.
         self.stopped_at: float | None = None
+        # The container the run is in, once it has one (for status, and for checking it is gone after a stop).
+        self.container_id: str | None = None
 
     def stop(self) -> None:
         """End the run now (idempotent): its result says `aborted` and keeps its output so far."""
@@ -34,9 +36,10 @@ class RunControl:
         if self._scope is not None:
             self._scope.cancel()
 
-    def attach(self, scope: trio.CancelScope) -> None:
+    def attach(self, scope: trio.CancelScope, container_id: str) -> None:
         """The sandbox's scope around the program's run; cancelled at once if the stop came first."""
         self._scope = scope
+        self.container_id = container_id
         if self.stopped:
             scope.cancel()
 

@@ -223,7 +223,7 @@ class DockerSandbox:
         status_from_docker = False
         stop = trio.CancelScope()
         if control is not None:
-            control.attach(stop)
+            control.attach(stop, container_id)
         try:
             with trio.move_on_after(limits.timeout_ms / 1000) as deadline, stop:
                 if started.parking:  # a cold container: its interpreter is starting now, as it would on arrival

@@ -31,7 +31,9 @@ from typing import Literal
 import trio
 
 from executor.contract import LANGUAGES
+from executor.runcontrol import RunControl
 from mesh.fairqueue import ClassQueue
+from mesh.jobstream import JobStream
 from mesh.limits import RateLimiter
 from mesh.metrics import NodeMetrics
 from mesh.replay import ReplayMemory
@@ -107,6 +109,19 @@ class Job:
     # The offerer's class when it was admitted (see mesh.standing): which share of the queue and workers it uses.
     established: bool = False
     origin: Literal["remote"] = "remote"
+    # The run's control (a signed cancel stops it, keeping its output), whether the offerer cancelled it, whether a
+    # worker has started it, and its signed answer once sent (mesh/jobcancel.py).
+    control: RunControl = field(default_factory=RunControl)
+    cancelled: bool = False
+    started: bool = False
+    signed: bytes | None = None
+    answered: trio.Event = field(default_factory=trio.Event)
+    # Its output as it comes (mesh/jobstream.py), from the start of its run.
+    stream: JobStream | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.control.stop()
 
     @property
     def offerer(self) -> bytes:
@@ -283,6 +298,10 @@ class Intake:
             return False
         job.delivery.scope.cancel()
         return True
+
+    def pending_job(self, offer_id: bytes) -> Job | None:
+        """The job of that offer id, queued or running here, whoever offered it (a cancel names only the id)."""
+        return next((job for (_, oid), job in self._pending.items() if oid == offer_id), None)
 
     def finished(self, job: Job) -> None:
         """A worker is done with a job it took from the queue (once per job)."""

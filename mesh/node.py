@@ -30,6 +30,8 @@ from mesh.claims import ClaimDesk
 from mesh.gate import SandboxGate
 from mesh.intake import Intake, Job
 from mesh.invitations import Candidate, near_sample
+from mesh.jobcancel import RunnerCancels
+from mesh.jobstream import JobStream
 from mesh.metrics import NodeMetrics
 from mesh.node_config import NodeConfig as NodeConfig
 from mesh.node_config import SharedSandbox as SharedSandbox
@@ -101,8 +103,15 @@ class MeshNode:
         )
         self.executor = executor
         self.p2p = p2p
+        # The runner's side of a signed cancel (mesh/jobcancel.py): a job queued here is answered at once.
+        self.cancels = RunnerCancels(self.intake, self._reply)
         self.direct = DirectTransport(
-            p2p, self.desk, status=self.heartbeat, abort=self._abort_from_peer, presence=self.peers.observe
+            p2p,
+            self.desk,
+            status=self.heartbeat,
+            abort=self._abort_from_peer,
+            presence=self.peers.observe,
+            cancel=self.cancels.cancel,
         )
         self.gossip = GossipTransport(
             p2p,
@@ -349,6 +358,8 @@ class MeshNode:
 
     async def _handle(self, job: Job, answer: Callable[[ExecResult], Awaitable[None]]) -> None:
         offer = job.received.offer
+        if job.signed is not None:
+            return  # cancelled by its offerer while queued, and answered then (mesh/jobcancel.py)
         if self._draining:
             await answer(refusal("node shutting down", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.ABORTED))
             return
@@ -406,9 +417,16 @@ class MeshNode:
         return granted
 
     async def _reply(self, job: Job, result: ExecResult) -> None:
+        """Sign and send a job's one answer (a second one, as when a cancel and the worker race, is not sent); a
+        cancel waiting for it gets it too."""
+        if job.signed is not None:
+            return
         offer = job.received.offer
         answer = TaskResult.answering(offer, job.received.digest, self.identity.public_key, result)
         signed = answer.sign(self.identity)
+        job.signed = signed
+        self.cancels.answered(job, signed)
+        job.answered.set()
         try:
             await job.delivery.reply(signed)
         except Exception as exc:  # the offerer went away; the result is lost to it, the node keeps serving
@@ -434,12 +452,16 @@ class MeshNode:
         request = ExecRequest(language=offer.language, code=offer.code, input=offer.input, limits=offer.limits)
         # The origin is the intake's tag (always remote), never anything the offer says.
         # A fresh offerer's run leaves the last warm container to offerers this node knows (mesh/standing.py).
+        job.started = True
+        job.stream = JobStream(follow=False)
+        job.control.on_output = job.stream.push
         result: ExecResult = await self.executor.run_code(
             request,
             sandbox=offer.sandbox,
             origin=job.origin,
             min_isolation=offer.min_isolation,
             spare_warm=self.intake.spare_warm(job),
+            control=job.control,
         )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
@@ -468,8 +490,11 @@ class MeshNode:
     def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
         return self.offerer.make_offer(to=to, invite=invite, **fields)
 
-    async def offer_direct(self, peer: str, raw: bytes) -> OfferOutcome:
-        return await self.offerer.offer_direct(peer, raw)
+    async def offer_direct(self, peer: str, raw: bytes, *, cancel_on_stop: bool = False) -> OfferOutcome:
+        return await self.offerer.offer_direct(peer, raw, cancel_on_stop=cancel_on_stop)
+
+    async def cancel(self, peer: str, offer_id: bytes) -> OfferOutcome:
+        return await self.offerer.cancel(peer, offer_id)
 
     async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0, replicas: int | None = None) -> OfferOutcome:
         return await self.offerer.offer_gossip(raw, timeout=timeout, replicas=replicas)

@@ -24,6 +24,7 @@ from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
 from transports.gossip import GossipTransport
 from transports.p2p import P2PHost
 from transports.wire.identity import NodeIdentity, public_key_of_peer_id
+from transports.wire.jobs import JobCancel
 from transports.wire.offers import (
     MAX_REPLY_ADDRS,
     OFFER_ID_SIZE,
@@ -120,9 +121,14 @@ class Offerer:
             fields["audience"] = Audience.claimed(list(invite))
         return TaskOffer.create(self.identity, **fields).sign(self.identity)
 
-    async def offer_direct(self, peer: str, raw: bytes) -> OfferOutcome:
-        """Send any bytes (tests send garbage on purpose) and verify whatever comes back."""
-        answer = await self.direct.send_offer(peer, raw)
+    async def offer_direct(self, peer: str, raw: bytes, *, cancel_on_stop: bool = False) -> OfferOutcome:
+        """Send any bytes (tests send garbage on purpose) and verify whatever comes back. With `cancel_on_stop`, a
+        caller that stops waiting (Ctrl-C) sends the offer's signed cancel on the stream instead of a bare abort."""
+        cancel = None
+        if cancel_on_stop:
+            offer_id = parse_offer(raw).offer.offer_id
+            cancel = JobCancel.create(self.identity, offer_id).sign(self.identity)
+        answer = await self.direct.send_offer(peer, raw, cancel=cancel)
         if answer.refusal is not None or answer.result is None:
             return OfferOutcome(refusal=answer.refusal or Rejection(Reason.MALFORMED, "empty answer"))
         try:
@@ -134,6 +140,24 @@ class Offerer:
         # The result must come from the peer we sent the offer to, when the address names it.
         if "/p2p/" in peer and result.executor != public_key_of_peer_id(peer.rsplit("/p2p/", 1)[1]):
             return OfferOutcome(refusal=Rejection(Reason.WRONG_EXECUTOR, "signed by another key than the peer's"))
+        return OfferOutcome(result=result)
+
+    async def cancel(self, peer: str, offer_id: bytes) -> OfferOutcome:
+        """Cancel this node's offer `offer_id` at the peer running it (a PeerID or a multiaddr ending in it): the
+        outcome is the runner's signed result, `aborted` with the output so far, or how the job had already ended;
+        or the runner's refusal (`unknown_offer`, `not_offerer`)."""
+        raw = JobCancel.create(self.identity, offer_id).sign(self.identity)
+        answer = await self.direct.send_cancel(peer, raw)
+        if answer.refusal is not None or answer.result is None:
+            return OfferOutcome(refusal=answer.refusal or Rejection(Reason.MALFORMED, "empty answer"))
+        try:
+            result = open_result(answer.result, expect_executor=public_key_of_peer_id(peer.rsplit("/p2p/", 1)[-1]))
+        except Rejected as rejected:
+            return OfferOutcome(refusal=rejected.rejection)
+        except ValueError:
+            return OfferOutcome(refusal=Rejection(Reason.WRONG_EXECUTOR, "the peer's PeerID embeds no Ed25519 key"))
+        if result.offer_id != offer_id:
+            return OfferOutcome(refusal=Rejection(Reason.MALFORMED, "the answer is another offer's result"))
         return OfferOutcome(result=result)
 
     async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0, replicas: int | None = None) -> OfferOutcome:

@@ -24,8 +24,9 @@ strike against the peer on the host's `PenaltyBox`; past its threshold the peer 
 """
 
 from transports.direct.abort import ABORT_PROTOCOL, ABORT_SEND_TIMEOUT
+from transports.direct.cancel import CANCEL_PROTOCOL
 from transports.direct.claim import CLAIM_PROTOCOL
-from transports.direct.core import AbortFn, OfferDesk, PresenceFn
+from transports.direct.core import AbortFn, CancelFn, OfferDesk, PresenceFn
 from transports.direct.messages import (
     INVALID_INPUT,
     MAX_CONTROL_FRAME,
@@ -47,6 +48,7 @@ from transports.direct.transport import DirectTransport
 __all__ = [
     "ABORT_PROTOCOL",
     "ABORT_SEND_TIMEOUT",
+    "CANCEL_PROTOCOL",
     "CLAIM_PROTOCOL",
     "INVALID_INPUT",
     "MAX_CONTROL_FRAME",
@@ -57,6 +59,7 @@ __all__ = [
     "STATUS_PROTOCOL",
     "WRITE_TIMEOUT",
     "AbortFn",
+    "CancelFn",
     "DirectAnswer",
     "DirectTransport",
     "OfferDesk",

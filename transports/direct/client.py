@@ -8,6 +8,7 @@ from typing import Any
 import trio
 
 from transports.direct.abort import ABORT_PROTOCOL, ABORT_SEND_TIMEOUT
+from transports.direct.cancel import CANCEL_PROTOCOL
 from transports.direct.claim import CLAIM_PROTOCOL
 from transports.direct.core import DirectCore
 from transports.direct.messages import (
@@ -72,8 +73,10 @@ class DirectClient(DirectCore):
             with trio.CancelScope(shield=True):
                 await close_stream(stream)
 
-    async def send_offer(self, maddr_or_peer: str, offer_raw: bytes) -> DirectAnswer:
-        """Offer work directly to one peer and wait for its signed result (or its refusal)."""
+    async def send_offer(self, maddr_or_peer: str, offer_raw: bytes, *, cancel: bytes | None = None) -> DirectAnswer:
+        """Offer work directly to one peer and wait for its signed result (or its refusal). With `cancel` (the
+        offer's signed cancel), a caller that stops waiting sends it instead of a bare abort: the runner then stops
+        the run keeping its output, as for any cancel."""
         answer = await self._exchange(
             maddr_or_peer,
             OFFER_PROTOCOL,
@@ -82,14 +85,31 @@ class DirectClient(DirectCore):
             # The executor's own deadline plus a margin for the round trip: the server times out first.
             answer_timeout=self.result_timeout + self.stall_timeout,
             max_answer=MAX_RESULT_FRAME,
-            abort_frame=pack({"type": "abort"}),
+            abort_frame=pack({"type": "abort"} if cancel is None else {"type": "cancel", "cancel": cancel}),
         )
+        return self._result_answer(answer)
+
+    @staticmethod
+    def _result_answer(answer: dict[str, Any] | Rejection) -> DirectAnswer:
         if isinstance(answer, Rejection):
             return DirectAnswer(None, answer)
         result = answer.get("result")
         if not isinstance(result, bytes):
             return DirectAnswer(None, Rejection(Reason.MALFORMED, "result answer carries no bytes"))
         return DirectAnswer(result, None)
+
+    async def send_cancel(self, maddr_or_peer: str, cancel_raw: bytes) -> DirectAnswer:
+        """Send a signed cancel to the runner of the offer it names; the answer is the signed result the job ended
+        with (cancelled, or finished before the cancel came), or the runner's refusal."""
+        answer = await self._exchange(
+            maddr_or_peer,
+            CANCEL_PROTOCOL,
+            cancel_raw,
+            "result",
+            answer_timeout=self.stall_timeout + WRITE_TIMEOUT,
+            max_answer=MAX_RESULT_FRAME,
+        )
+        return self._result_answer(answer)
 
     async def _ask(
         self,

@@ -31,6 +31,8 @@ from transports.wire.reasons import Reason, Rejection
 
 # Asked whether a peer's offer with this id is pending here; True when one was cancelled.
 AbortFn = Callable[[str, bytes], bool]
+# Given a signed cancel and its sender: the signed result the job ended with, or why the cancel is refused.
+CancelFn = Callable[[bytes, str], Awaitable["bytes | Rejection"]]
 # Told of a status a neighbour pushed: (its PeerID, the status).
 PresenceFn = Callable[[str, dict[str, Any]], object]
 
@@ -78,8 +80,10 @@ class DirectCore:
         abort: AbortFn | None = None,
         presence: PresenceFn | None = None,
         holdoff: BusyHoldoff | None = None,
+        cancel: CancelFn | None = None,
     ) -> None:
         self.host = host
+        self.cancel = cancel
         self.status = status
         self.abort = abort
         self.presence = presence
@@ -94,6 +98,7 @@ class DirectCore:
         # Peers with an exchange in progress here, by PeerID: the connection manager does not trim them.
         self.exchanges: Counter[str] = Counter()
         self.aborted = 0  # jobs cancelled because their offerer stopped waiting
+        self.cancels_taken = 0  # signed cancels that stopped a job (or got its finished result)
         # Peers refused for want of room, until their retry hint runs out (transports.hardening.holdoff).
         self.holdoff = holdoff if holdoff is not None else BusyHoldoff()
         # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;

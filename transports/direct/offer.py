@@ -26,6 +26,8 @@ from transports.wire.reasons import Reason, Rejection
 OFFER_PROTOCOL = "/edgecoder/offer/1.0.0"
 # Refusals for want of room: the peer is told when to try again, and held off until then.
 NO_ROOM = frozenset({Reason.BUSY, Reason.RATE_LIMITED})
+# Cancel frames an offer stream reads before it stops listening (a storm of refused ones costs no more).
+MAX_CANCEL_FRAMES = 8
 
 
 class _OfferExchange:
@@ -101,17 +103,35 @@ class OfferProtocol(DirectCore):
                 self.refused[str(Reason.TIMEOUT)] += 1
 
     async def _watch_offerer(self, stream: INetStream, job: trio.CancelScope, waiting: trio.CancelScope) -> None:
-        try:
-            frame = await read_frame(stream, max_len=MAX_CONTROL_FRAME, timeout=math.inf)
-        except FrameError:
-            frame = None  # closed or reset: the offerer went away
-        if frame is not None:
-            request = decode_request(frame)
-            if not (isinstance(request, dict) and request.get("type") == "abort"):
-                return  # anything else on an offer stream is noise; the job goes on
-        self.aborted += 1
-        job.cancel()
-        waiting.cancel()
+        """Until the answer: an abort frame or the stream's end stops the job unanswered; a signed cancel frame stops
+        it and the job's own (aborted) result is the answer. A refused cancel is counted, and the job goes on."""
+        for _ in range(MAX_CANCEL_FRAMES):
+            try:
+                frame = await read_frame(stream, max_len=MAX_CONTROL_FRAME, timeout=math.inf)
+            except FrameError:
+                frame = None  # closed or reset: the offerer went away
+            if frame is not None:
+                request = decode_request(frame)
+                if isinstance(request, dict) and request.get("type") == "cancel" and self.cancel is not None:
+                    raw = request.get("cancel")
+                    if isinstance(raw, bytes):
+                        await self._cancel_on_stream(raw, remote_peer(stream))
+                    continue
+                if not (isinstance(request, dict) and request.get("type") == "abort"):
+                    return  # anything else on an offer stream is noise; the job goes on
+            self.aborted += 1
+            job.cancel()
+            waiting.cancel()
+            return
+
+    async def _cancel_on_stream(self, raw: bytes, sender: str) -> None:
+        assert self.cancel is not None
+        outcome = await self.cancel(raw, sender)
+        if isinstance(outcome, Rejection):
+            self.refused[str(outcome.reason)] += 1
+            await self._strike_if_invalid(sender, outcome)
+        else:
+            self.cancels_taken += 1
 
     # The one-exchange protocols: one request frame, one answer, on a stream of its own. Each decision is shared
 

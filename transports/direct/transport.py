@@ -13,6 +13,7 @@ from libp2p.abc import INetStream
 from transports.base import OfferSink
 from transports.control import CONTROL_PROTOCOL, buffered, serve_control
 from transports.direct.abort import ABORT_PROTOCOL, AbortProtocol
+from transports.direct.cancel import CANCEL_PROTOCOL, CancelProtocol
 from transports.direct.claim import CLAIM_PROTOCOL, ClaimProtocol
 from transports.direct.client import DirectClient
 from transports.direct.messages import (
@@ -34,7 +35,14 @@ log = logging.getLogger("transports.direct")
 
 
 class DirectTransport(
-    OfferProtocol, ClaimProtocol, ResultProtocol, StatusProtocol, PresenceProtocol, AbortProtocol, DirectClient
+    OfferProtocol,
+    ClaimProtocol,
+    ResultProtocol,
+    StatusProtocol,
+    PresenceProtocol,
+    AbortProtocol,
+    CancelProtocol,
+    DirectClient,
 ):
     name = "direct"
 
@@ -51,6 +59,8 @@ class DirectTransport(
             handlers[ABORT_PROTOCOL] = self._serve_abort
         if self.presence is not None:
             handlers[PRESENCE_PROTOCOL] = self._serve_presence
+        if self.cancel is not None:
+            handlers[CANCEL_PROTOCOL] = self._serve_cancel
         handlers[CONTROL_PROTOCOL] = self._serve_control
         self.sink = sink
         for protocol, serve in handlers.items():

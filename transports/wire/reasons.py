@@ -168,6 +168,7 @@ QUEUE_REASONS: dict[QueueReason, Reason] = {
     QueueReason.ABORTED: Reason.ABORTED,
     QueueReason.NODE_ERROR: Reason.NODE_ERROR,
     QueueReason.ISOLATION_INSUFFICIENT: Reason.ISOLATION_INSUFFICIENT,
+    QueueReason.PAYLOAD_MISMATCH: Reason.PAYLOAD_MISMATCH,
 }
 ERROR_KINDS: dict[ErrorKind, Reason] = {
     ErrorKind.TIMEOUT: Reason.TIMEOUT,

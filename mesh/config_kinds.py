@@ -84,6 +84,8 @@ class FloatRange(Kind):
 
     def describe(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
+        if self.high == math.inf:
+            return f"a number of at least {self.low:g}{unit}"
         return f"a number from {self.low:g} to {self.high:g}{unit}"
 
     def check(self, value: float) -> float:

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mesh.config import CONFIG_ENV, SETTINGS, Setting, shown  # noqa: E402
+from mesh.coordinator.settings import COORDINATOR_SETTINGS  # noqa: E402
 
 CONFIG_MD = ROOT / "docs" / "reference" / "config.md"
 EXAMPLE = ROOT / "edgecoder.toml.example"
@@ -28,6 +29,26 @@ def _default(setting: Setting) -> str:
 
 def _toml(value: object) -> str:
     return json.dumps(shown(value))  # JSON strings, numbers, booleans and arrays are TOML too
+
+
+def _setting_tables(table: tuple[Setting, ...], title: str = "## `[{section}]`") -> list[str]:
+    """One markdown table per section of `table`."""
+    lines: list[str] = []
+    section = None
+    for setting in table:
+        if setting.section != section:
+            section = setting.section
+            lines += [title.format(section=section), "", '<div class="settings" markdown>', ""]
+            lines += ["| key, flag, variable | default | meaning |", "|---|---|---|"]
+        names = [f"`{setting.key}`"] + ([f"`{setting.flag}`"] if setting.flag else [])
+        names += [f"`{name}`" for name in setting.env_names]
+        meaning = f"{setting.help} Must be {setting.kind.describe()}." + (
+            f" *{setting.pending}.*" if setting.pending else ""
+        )
+        lines.append(f"| {'<br>'.join(names)} | {_default(setting)} | {meaning.replace('|', '&#124;')} |")
+        if setting is table[-1] or table[table.index(setting) + 1].section != section:
+            lines += ["", "</div>", ""]
+    return lines
 
 
 def config_markdown() -> str:
@@ -46,20 +67,7 @@ def config_markdown() -> str:
         "An example with every key commented out: `edgecoder.toml.example` at the top of the repository.",
         "",
     ]
-    section = None
-    for setting in SETTINGS:
-        if setting.section != section:
-            section = setting.section
-            lines += [f"## `[{section}]`", "", '<div class="settings" markdown>', ""]
-            lines += ["| key, flag, variable | default | meaning |", "|---|---|---|"]
-        names = [f"`{setting.key}`"] + ([f"`{setting.flag}`"] if setting.flag else [])
-        names += [f"`{name}`" for name in setting.env_names]
-        meaning = f"{setting.help} Must be {setting.kind.describe()}." + (
-            f" *{setting.pending}.*" if setting.pending else ""
-        )
-        lines.append(f"| {'<br>'.join(names)} | {_default(setting)} | {meaning.replace('|', '&#124;')} |")
-        if setting is SETTINGS[-1] or SETTINGS[SETTINGS.index(setting) + 1].section != section:
-            lines += ["", "</div>", ""]
+    lines += _setting_tables(SETTINGS)
     lines += [
         "Shorthand flags: `--metrics-port N` is `--metrics 127.0.0.1:N`, `--log-json` is `--log-format json`, and",
         "`--peer` is `--bootstrap`. `SANDBOX_MODE` and `SANDBOX_SECCOMP_PROFILE` are older names of two variables,",
@@ -76,7 +84,14 @@ def config_markdown() -> str:
         "| `EDGECODER_REQUIRE_DOCKER`, `EDGECODER_REQUIRE_NETNS`, `EDGECODER_REQUIRE_INTEROP` | tests only: `1` makes "
         "a test that needs Docker, network namespaces or the js-libp2p peer fail instead of skipping |",
         "",
+        "## `edgecoder coordinator`",
+        "",
+        "The coordinator service (docs/coordinator.md) has a table of its own (mesh/coordinator/settings.py), read the",
+        "same way but without a file: each value from its flag, then its variable, then the default. These keys are",
+        "not read from `edgecoder.toml`.",
+        "",
     ]
+    lines += _setting_tables(COORDINATOR_SETTINGS, title="### `{section}` service")
     return "\n".join(lines)
 
 

@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from mesh.cli_settings import table_options, typed_flags
+from mesh.config_kinds import ConfigError
+from mesh.coordinator.settings import COORDINATOR_SETTINGS
+
 if TYPE_CHECKING:
     from mesh.coordinator.app import Settings
     from transports.wire.identity import NodeIdentity
@@ -84,176 +88,37 @@ def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
     return None
 
 
-@click.group("coordinator", invoke_without_command=True)
-@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), help="SQLite state file (to serve).")
-@click.option("--listen", "listen", help="HOST:PORT to serve on; port 0 picks a free one.")
-@click.option(
-    "--key",
-    "key",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="The coordinator's identity: /pull responses are signed with it, so agents can pin it (--coordinator-key).",
-)
-@click.option(
-    "--lease",
-    "lease_s",
-    type=click.FloatRange(min=0.1),
-    default=30.0,
-    show_default=True,
-    help="Seconds of agent silence before its claims are requeued.",
-)
-@click.option(
-    "--heartbeat",
-    "heartbeat_s",
-    type=click.FloatRange(min=0.05),
-    help="Heartbeat interval agents are told to use [default: lease / 3].",
-)
-@click.option(
-    "--rate",
-    "rate",
-    type=click.FloatRange(min=0.001),
-    default=5.0,
-    show_default=True,
-    help="Requests per second per agent.",
-)
-@click.option(
-    "--burst", "burst", type=click.IntRange(min=1), default=20, show_default=True, help="Token bucket size per agent."
-)
-@click.option(
-    "--max-lapses",
-    "max_lapses",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="Leases a task may lose before it fails.",
-)
-@click.option(
-    "--offer-skew",
-    "offer_skew_s",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Clock skew allowed when checking an offer's issuedAt and expiresAt.",
-)
-@click.option(
-    "--retention",
-    "retention_s",
-    type=click.FloatRange(min=0),
-    default=24 * 3600.0,
-    show_default=True,
-    help="Seconds a finished task stays readable before it is deleted.",
-)
-@click.option(
-    "--max-queued",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    help="Unfinished tasks held in all; past it, enqueue answers 503 busy.",
-)
-@click.option(
-    "--max-queued-per-offerer",
-    type=click.IntRange(min=1),
-    default=1_000,
-    show_default=True,
-    help="Unfinished tasks held for one offerer.",
-)
-@click.option(
-    "--max-agents",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    help="Agents known at once; long-silent agents without a claim are forgotten.",
-)
-@click.option(
-    "--trusted-offerer",
-    "trusted_offerers",
-    multiple=True,
-    metavar="PEERID",
-    help="An offerer whose tasks go first from the start (repeatable); others earn it by being served.",
-)
-@click.option(
-    "--established-after",
-    "established_after_s",
-    type=click.FloatRange(min=0),
-    default=600.0,
-    show_default=True,
-    help="Seconds over which an offerer's tasks must have been done here before its tasks go first.",
-)
-@click.option(
-    "--fresh-share",
-    type=click.FloatRange(min=0.01, max=1.0),
-    default=0.5,
-    show_default=True,
-    help="Part of --max-queued that offerers not yet established may hold, together.",
-)
-@click.option(
-    "--fresh-offer-rate",
-    type=click.FloatRange(min=0.001),
-    default=20.0,
-    show_default=True,
-    help="Offers a second from offerers not yet established, all of them together (a burst of five seconds' worth).",
-)
-@click.option(
-    "--new-agent-rate",
-    type=click.FloatRange(min=0.001),
-    default=2.0,
-    show_default=True,
-    help="New agents registered a second, all of them together (a burst of ten seconds' worth).",
-)
-@click.option(
-    "--max-body-mib",
-    type=click.FloatRange(min=1),
-    default=16.0,
-    show_default=True,
-    help="MiB of request bodies held in memory at once; past it, 503 busy.",
-)
-@click.option(
-    "--max-queued-mib",
-    type=click.FloatRange(min=1),
-    default=256.0,
-    show_default=True,
-    help="MiB of offers in unfinished tasks; past it, enqueue answers 503 busy.",
-)
+@click.group("coordinator", invoke_without_command=True, context_settings={"show_default": False})
+@table_options(COORDINATOR_SETTINGS)
 @click.pass_context
-def coordinator(
-    ctx: click.Context,
-    db: Path | None,
-    listen: str | None,
-    key: Path | None,
-    lease_s: float,
-    heartbeat_s: float | None,
-    rate: float,
-    burst: int,
-    max_lapses: int,
-    offer_skew_s: float,
-    retention_s: float,
-    max_queued: int,
-    max_queued_per_offerer: int,
-    max_agents: int,
-    trusted_offerers: tuple[str, ...],
-    established_after_s: float,
-    fresh_share: float,
-    fresh_offer_rate: float,
-    new_agent_rate: float,
-    max_body_mib: float,
-    max_queued_mib: float,
-) -> None:
+def coordinator(ctx: click.Context, **params: Any) -> None:
     """Serve a coordinator (--db, --listen), or submit work to one (`submit`).
 
-    Served, agents register, heartbeat, /pull signed offers and post signed results back."""
+    Served, agents register, heartbeat, /pull signed offers and post signed results back. Every setting can also
+    come from its EDGECODER_COORDINATOR_* variable (docs/reference/config.md)."""
+    flags = typed_flags(ctx, params, COORDINATOR_SETTINGS)
     if ctx.invoked_subcommand is not None:
-        if db is not None or listen is not None:
+        if "coordinator.db" in flags or "coordinator.listen" in flags:
             raise click.UsageError("--db and --listen serve a coordinator; give them without a subcommand")
         return
+    from mesh.config_resolve import resolve_table
+
+    try:  # the coordinator reads no settings file: flags, then its variables, then the defaults
+        v = resolve_table(COORDINATOR_SETTINGS, flags, read_config=False).values
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    db, listen, key = v["coordinator.db"], v["coordinator.listen"], v["coordinator.key_file"]
     if db is None or listen is None:
         raise click.UsageError("to serve, give --db FILE and --listen HOST:PORT (or use `coordinator submit`)")
     host, port = parse_listen(listen)
+    if db.is_dir():
+        raise BadInput(f"--db {db} is a directory; give the SQLite file's path")
+    if key is not None and not key.exists():
+        raise BadInput(f"--key {key} does not exist; make one with: edgecoder keygen --out {key}")
     identity = _load_key(key) if key is not None else None
     from transports.wire.identity import public_key_of_peer_id
 
-    try:
-        trusted = frozenset(public_key_of_peer_id(p).hex() for p in trusted_offerers)
-    except ValueError as exc:
-        raise BadInput(f"--trusted-offerer: {exc}") from None
+    trusted = frozenset(public_key_of_peer_id(p).hex() for p in v["coordinator.trusted_offerers"])
     if not db.parent.is_dir():
         raise BadInput(f"--db {db}: directory {db.parent} does not exist; create it or pick another path")
     import trio
@@ -261,27 +126,32 @@ def coordinator(
     from mesh.coordinator.app import Settings
     from mesh.logs import configure as configure_logs
 
-    lease_ms = round(lease_s * 1000)
+    lease_ms = round(v["coordinator.lease_s"] * 1000)
+    heartbeat_s, fresh_offer_rate, new_agent_rate = (
+        v["coordinator.heartbeat_s"],
+        v["coordinator.fresh_offer_rate"],
+        v["coordinator.new_agent_rate"],
+    )
     settings = Settings(
         lease_ms=lease_ms,
         heartbeat_ms=round(heartbeat_s * 1000) if heartbeat_s is not None else lease_ms // 3,
-        rate_per_s=rate,
-        burst=burst,
-        max_lapses=max_lapses,
-        offer_skew_ms=round(offer_skew_s * 1000),
-        retention_ms=round(retention_s * 1000),
-        max_queued=max_queued,
-        max_queued_per_offerer=max_queued_per_offerer,
-        max_agents=max_agents,
+        rate_per_s=v["coordinator.rate"],
+        burst=v["coordinator.burst"],
+        max_lapses=v["coordinator.max_lapses"],
+        offer_skew_ms=round(v["coordinator.offer_skew_s"] * 1000),
+        retention_ms=round(v["coordinator.retention_s"] * 1000),
+        max_queued=v["coordinator.max_queued"],
+        max_queued_per_offerer=v["coordinator.max_queued_per_offerer"],
+        max_agents=v["coordinator.max_agents"],
         trusted_offerers=trusted,
-        tenure_ms=round(established_after_s * 1000),
-        fresh_share=fresh_share,
+        tenure_ms=round(v["coordinator.established_after_s"] * 1000),
+        fresh_share=v["coordinator.fresh_share"],
         fresh_offers_per_s=fresh_offer_rate,
         fresh_offers_burst=max(1, round(fresh_offer_rate * 5)),
         new_agents_per_s=new_agent_rate,
         new_agents_burst=max(1, round(new_agent_rate * 10)),
-        max_body_bytes_in_flight=int(max_body_mib * (1 << 20)),
-        max_queued_bytes=int(max_queued_mib * (1 << 20)),
+        max_body_bytes_in_flight=int(v["coordinator.max_body_mib"] * (1 << 20)),
+        max_queued_bytes=int(v["coordinator.max_queued_mib"] * (1 << 20)),
     )
     configure_logs()  # on stderr: stdout carries the ready line, which callers parse
     import sqlite3

@@ -18,12 +18,15 @@ What it reads (CANARY_CODE), by name; a mismatch names the reading:
   /proc/self/status), `seccomp` (the Seccomp mode: 2 is a filter; under gVisor only with `runsc --oci-seccomp`).
 - `root_write`: the errno of a write under /var/tmp, which is mode 1777 in the image, so that only a read-only
   root refuses it (EROFS); a write to / would be refused for want of permission first under gVisor.
-- `interfaces`: /sys/class/net, only `lo` without a network.
+- `interfaces`: the network devices of /proc/net/dev, only `lo` without a network. Not /sys/class/net: runsc
+  since 2024 (Debian's bookworm-backports and trixie builds) has no /sys/class/net at all under `--network=none`,
+  which made the canary itself fail and withdrew the tier.
 - `threads`: a thread starts (glibc's clone3 -> clone fallback needs the profile's ENOSYS for clone3, which
   runsc turned into EPERM: executor/backends/gvisor.py).
 
-gVisor's own cgroupfs is its own bookkeeping, not the host's, and its CPU count has a floor of 2: nothing inside a
-gVisor container shows the CPU quota or the host's pids ceiling. For that tier the canary also reads the host
+gVisor's own cgroupfs is its own bookkeeping, not the host's (runsc of 2022 mounts none at /sys/fs/cgroup; runsc of
+2024 mounts its own, where pids.max reads "max"), and its CPU count has a floor of 2: nothing inside a gVisor
+container shows the CPU quota or the host's pids ceiling. For that tier the canary also reads the host
 cgroup of the container's sandbox process (`host.memory`, `host.pids`, `host.cpus`, through /proc/<pid>/cgroup),
 which needs the daemon on this host; when it is elsewhere those readings cannot be made and the tier is withdrawn
 (fail closed: not proven is not enforced).
@@ -67,6 +70,7 @@ try:
         root_write = "written"
 except OSError as exc:
     root_write = errno.errorcode.get(exc.errno, str(exc.errno))
+devices = [line.split(":", 1)[0].strip() for line in (text("/proc/net/dev") or "").splitlines()[2:] if ":" in line]
 started = []
 try:
     thread = threading.Thread(target=started.append, args=("ok",))
@@ -89,7 +93,7 @@ print(json.dumps({
     "no_new_privs": libc.prctl(39, 0, 0, 0, 0),
     "seccomp": status.get("Seccomp", "").strip(),
     "root_write": root_write,
-    "interfaces": sorted(os.listdir("/sys/class/net")),
+    "interfaces": sorted(devices),
     "threads": started[0] if started else "no result",
 }))
 """

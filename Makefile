@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_pubsub.py
 	$(BIN)/python benchmarks/bench_isolation.py
 
-# Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals.
+# Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals. Every
+# input that fails is added to tests/fuzz/corpus/, which `make test` replays (tests/test_fuzz_slice.py).
 fuzz: setup
 	$(BIN)/python -m tests.fuzz --inputs 1000000

@@ -1,4 +1,4 @@
-"""Shared fakes and helpers for the p2p transport tests (no tests of its own).
+"""Shared fakes and helpers for the p2p transport tests, and the tests that they behave as those tests assume.
 
 Plain pytest: each test calls `run_trio`, which runs one coroutine under `trio.run` with an overall deadline, so a
 hang fails the test instead of the suite.
@@ -10,10 +10,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 import trio
 
 from transports.base import Admitted, Delivery, Verdict
-from transports.wire.reasons import Rejection
+from transports.wire.reasons import Reason, Rejection
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -87,7 +88,65 @@ class FakeDesk:
         return self.result_answer
 
 
-def test_fakes_are_importable() -> None:
-    # Keeps pytest from reporting this module as collected-but-empty; the fakes are exercised by the other suites.
-    sink: Any = RecordingSink()
-    assert sink.participating
+# -- the fakes do what the transport tests rely on ----------------------------------------------------------------
+
+
+def test_the_recording_sink_admits_records_and_replies_from_its_nursery() -> None:
+    replies: list[bytes] = []
+
+    async def reply(raw: bytes) -> None:
+        replies.append(raw)
+
+    async def main() -> None:
+        sink = RecordingSink()
+        async with trio.open_nursery() as nursery:
+            sink.nursery, sink.reply_with = nursery, b"result"
+            verdict = await sink.deliver(Delivery(raw=b"offer", transport="direct", sender="peer", reply=reply))
+            assert verdict == Admitted(offer_id=b"\x00" * 16)
+            assert replies == []  # the reply comes from a task of the nursery, after the verdict
+        assert replies == [b"result"]
+        assert sink.raws() == [b"offer"] and len(sink.delivered_at) == 1
+
+    run_trio(main)
+
+
+def test_the_recording_sink_answers_with_its_rejection_and_never_replies() -> None:
+    replies: list[bytes] = []
+
+    async def reply(raw: bytes) -> None:
+        replies.append(raw)
+
+    async def main() -> None:
+        busy = Rejection(Reason.BUSY, "full")
+        sink = RecordingSink(rejection=busy, participating=False)
+        async with trio.open_nursery() as nursery:
+            sink.nursery, sink.reply_with = nursery, b"result"
+            assert await sink.deliver(Delivery(raw=b"x", transport="gossip", sender=None, reply=reply)) is busy
+        assert replies == [] and sink.raws() == [b"x"] and sink.participating is False
+
+    run_trio(main)
+
+
+def test_the_fake_desk_records_each_call_and_gives_its_set_answers() -> None:
+    async def main() -> None:
+        desk = FakeDesk()
+        assert await desk.grant_claim(b"\x01" * 16, "claimant", {"freeSlots": 1}) is None
+        desk.claim_answer = desk.result_answer = Rejection(Reason.NOT_INVITED, "no")
+        assert await desk.grant_claim(b"\x02" * 16, "other") is desk.claim_answer
+        assert await desk.accept_result(b"result", "runner") is desk.result_answer
+        assert desk.claims == [(b"\x01" * 16, "claimant"), (b"\x02" * 16, "other")]
+        assert desk.statuses == [{"freeSlots": 1}, None]
+        assert desk.results == [(b"result", "runner")]
+
+    run_trio(main)
+
+
+def test_run_trio_turns_a_hang_into_a_failure_and_wait_until_says_what_it_waited_for() -> None:
+    with pytest.raises(trio.TooSlowError):
+        run_trio(trio.sleep_forever, deadline=0.01)
+
+    async def never() -> None:
+        await wait_until(lambda: False, timeout=0.01, what="a condition that never holds")
+
+    with pytest.raises(AssertionError, match="waiting for a condition that never holds"):
+        run_trio(never)

@@ -8,6 +8,7 @@ offer), each with its reason code and timing.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -32,6 +33,28 @@ FIB_JS = (
     "});\n"
 )
 WHOAMI_PY = "import os\nprint('uid', os.getuid(), 'interfaces', sorted(os.listdir('/sys/class/net')))\n"
+BLE_PY = "print('hello over BLE from', 'a neighbour')"
+# What each program that runs must print: the demo checks every output it shows, not only that a run said ok.
+SUM_OF_1_TO_100 = "sum of 100 numbers = 5050"
+FIB_90 = "fib(90) = 2880067194370816120"
+BLE_HELLO = "hello over BLE from a neighbour"
+WHOAMI = re.compile(r"uid (\d+) interfaces \['lo'\]")  # only loopback, and not root
+
+
+def wrong_output(outcome: OfferOutcome, expected: str | re.Pattern[str]) -> str | None:
+    """Why a run's output is not what its program prints (None when it is): no result, a failed run, other text."""
+    if outcome.result is None:
+        return f"no result ({outcome.refusal.reason if outcome.refusal else 'no answer'})"
+    result = outcome.result.result
+    if not result.ok:
+        return f"the run failed ({result.error_kind}): {result.stderr.strip()[:200]!r}"
+    printed = result.stdout.strip()
+    if isinstance(expected, str):
+        return None if printed == expected else f"it printed {printed[:200]!r}, not {expected!r}"
+    found = expected.fullmatch(printed)
+    if found is None or (found.groups() and found.group(1) == "0"):
+        return f"it printed {printed[:200]!r}, which does not match {expected.pattern!r} with a uid other than 0"
+    return None
 
 
 def _short(peer_id: str) -> str:
@@ -78,6 +101,10 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         if not condition:
             failures.append(what)
 
+    def expect_output(outcome: OfferOutcome, expected: str | re.Pattern[str], what: str) -> None:
+        if (why := wrong_output(outcome, expected)) is not None:
+            failures.append(f"{what}: {why}")
+
     print(f"edgecoder demo: {runners} sandboxed nodes, 1 node with SANDBOX_MODE=none, 1 offering laptop")
     async with contextlib.AsyncExitStack() as stack:
         # Fixed container labels: the demo's identities are new each run, so a demo that was killed leaves
@@ -123,23 +150,24 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
             f"(only invitees claim), refused {outcome.claims_refused}"
         )
         expect(outcome.ok and ran == 1, "the gossip offer runs exactly once")
+        expect_output(outcome, SUM_OF_1_TO_100, "the gossip offer sums 1 to 100")
 
         direct = laptop.make_offer(to=nodes[-1].peer_id, language="javascript", code=FIB_JS, input={"n": 90})
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[-1].addrs[0], direct))
         _line("direct offer (javascript)", outcome, ms, names)
-        expect(outcome.ok, "the direct offer runs")
+        expect_output(outcome, FIB_90, "the direct offer computes fib(90)")
 
         whoami = laptop.make_offer(
             to=nodes[0].peer_id, language="python", code=WHOAMI_PY, limits=Limits(timeout_ms=3000)
         )
         outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], whoami))
         _line("what the sandbox looks like", outcome, ms, names)
-        expect(outcome.ok and "['lo']" in (outcome.result.result.stdout if outcome.result else ""), "only lo inside")
+        expect_output(outcome, WHOAMI, "the sandbox has only lo, and the run is not root")
 
         if ble:
             outcome, ms = await _timed(lambda: _ble_offer(nodes[0]))
             _line("BLE offer from a nearby laptop", outcome, ms, names)
-            expect(outcome.ok, "the BLE offer runs")
+            expect_output(outcome, BLE_HELLO, "the BLE offer says hello")
 
         print("\nWhat the mesh refuses, and why:")
         outcome, ms = await _timed(
@@ -187,7 +215,9 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         expect(not refuser.ran and not taken, "the no-sandbox node takes no part")
 
     if failures:
-        print("\nDEMO FAILED: " + "; ".join(failures))
+        print("\nDEMO FAILED, what did not hold:")
+        for failure in failures:
+            print(f"  - {failure}")
         return 1
     print("\nEvery expectation held. Containers left behind: none (each node removes its own on exit).")
     return 0
@@ -202,7 +232,7 @@ async def _ble_offer(node: MeshNode) -> OfferOutcome:
     from transports.ble.sim import open_simulated_radio
 
     neighbour = NodeIdentity.generate()
-    offer = TaskOffer.create(neighbour, language="python", code="print('hello over BLE from', 'a neighbour')")
+    offer = TaskOffer.create(neighbour, language="python", code=BLE_PY)
     async with open_simulated_radio() as radio, trio.open_nursery() as nursery:
         await nursery.start(node.run_ble, radio)
         peer = await radio.add_offering_peer(neighbour, offer.sign(neighbour))

@@ -188,6 +188,11 @@ class Offerer:
         invited: list[str] = []
         received = parse_offer(raw)
         offer = received.offer
+        if offer.sandbox != "docker":
+            # Every node's intake refuses a remote host request before any claim, and a gossip refusal has no way
+            # back: the offerer says so at once, in the seed's shape (the Rejection's result), not after its timeout.
+            why = "a remote offer runs only in a sandbox: every node refuses one that asks for the host"
+            return OfferOutcome(refusal=Rejection(Reason.SANDBOX_REQUIRED, why))
         ours = offer.offerer == self.identity.public_key
         sealing: Sealing | None = None
         if ours and self.seal_gossip and offer.sealed is None:

@@ -16,6 +16,7 @@ import trio
 
 from executor.contract import SANDBOX_REQUIRED
 from mesh.intake import Intake, IntakePolicy
+from mesh.node import MeshNode, NodeConfig
 from tests.test_p2p_fakes import LOOPBACK, FakeDesk, run_trio
 from transports.direct import OFFER_PROTOCOL, DirectTransport
 from transports.framing import read_frame, write_frame
@@ -111,5 +112,24 @@ def test_a_node_that_cannot_sandbox_answers_sandbox_unavailable_as_a_run_result(
             assert result["queueForCloud"] is True and result["queueReason"] == "sandbox_unavailable"
             assert result["stderr"].startswith("sandbox_unavailable: ")
             assert sum(w.intake.rejected.values()) == 0  # refused by the transport, before the intake saw it
+
+    run_trio(main)
+
+
+def test_a_gossip_host_request_is_the_seeds_run_result_at_once_not_a_timeout() -> None:
+    """Over gossip a refusal has no way back to the offerer; every node refuses a host request at its intake, so the
+    offerer answers itself, in the seed's shape, instead of waiting out its timeout."""
+
+    async def main() -> None:
+        config = NodeConfig(identity=OFFERER, sandbox_mode="none")
+        async with MeshNode.open(config) as node:
+            raw = node.make_offer(language="python", code="print(1)", sandbox="host")
+            # Waiting out the timeout would overrun run_trio's own deadline (60 s) by far.
+            outcome = await node.offer_gossip(raw, timeout=600)
+            assert outcome.result is None and outcome.refusal is not None
+            assert outcome.refusal.reason is Reason.SANDBOX_REQUIRED
+            seed = outcome.refusal.result
+            assert seed is not None and seed.stderr == SANDBOX_REQUIRED and seed.queue_reason == SANDBOX_REQUIRED
+            assert outcome.issues == 0  # nothing was published
 
     run_trio(main)

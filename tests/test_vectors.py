@@ -15,10 +15,12 @@ from typing import Any
 import msgpack
 
 from executor.contract import ErrorKind, ExecResult, Limits, QueueReason
-from transports.wire.codec import Domain
+from transports.direct import checked_answer, refusal_message
+from transports.wire.codec import Domain, pack, unpack_strict
 from transports.wire.identity import NodeIdentity
 from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, StreamDigest, open_cancel, open_progress
 from transports.wire.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
+from transports.wire.reasons import Reason, Rejection
 from transports.wire.sealed import SealKey
 
 VECTORS = Path(__file__).parent / "vectors"
@@ -202,6 +204,21 @@ def test_job_message_vectors_decode_and_verify() -> None:
     assert (step.state, step.position, step.attempt) == ("queued", 2, 2)
 
 
+def refusal_vector() -> dict[str, Any]:
+    """The offer stream's answer to a remote host request: the refusal with the seed's run result beside its code,
+    as the canonical msgpack map a node writes (length-prefixed, see transports.framing)."""
+    message = refusal_message(Rejection(Reason.SANDBOX_REQUIRED, "the offer asks for the host"))
+    return {"answer": message, "wire": pack(message).hex()}
+
+
+def test_refusal_vector() -> None:
+    committed = json.loads((VECTORS / "refusal-sandbox-required.json").read_text())
+    assert committed == refusal_vector()
+    answer = checked_answer(unpack_strict(bytes.fromhex(committed["wire"]), max_size=8192), "result")
+    assert isinstance(answer, Rejection) and answer.reason is Reason.SANDBOX_REQUIRED
+    assert answer.result is not None and answer.result.to_json() == committed["answer"]["result"]
+
+
 def test_rfc8032_public_keys() -> None:
     """Our seeds are RFC 8032's test keys, so the public keys are known answers too."""
     assert NodeIdentity(OFFERER_SEED).public_key.hex() == (
@@ -215,3 +232,5 @@ if __name__ == "__main__" and "--write" in sys.argv:
         print("wrote", VECTORS / f"{name}.json")
     (VECTORS / "output-stream.json").write_text(json.dumps(stream_vector(), indent=2) + "\n")
     print("wrote", VECTORS / "output-stream.json")
+    (VECTORS / "refusal-sandbox-required.json").write_text(json.dumps(refusal_vector(), indent=2) + "\n")
+    print("wrote", VECTORS / "refusal-sandbox-required.json")

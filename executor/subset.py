@@ -1,5 +1,9 @@
 """The language subset a remote task may use: hygiene in front of the container, never the boundary.
 
+One file of over 500 lines on purpose: executor/checker.py loads this file by its path into a `python -I -S`
+child (standard library only, no package on its path), so the Python and the JavaScript checks cannot be split
+into modules that import each other.
+
 The container is the boundary (no network, read-only root, no capabilities, a uid of its own, seccomp, limits).
 This check only refuses, early and cheaply, code that plainly reaches for what a mesh task has no business doing,
 so that such offers are queued for the cloud with a clear reason instead of failing in odd ways inside the

@@ -68,7 +68,7 @@ def ble_hci_spec(_ctx: click.Context, _param: click.Parameter, value: str | None
 # Failures that surface only once a command runs, by the module that defines them: each is bad input (exit 2).
 # Looked up in sys.modules, so that checking for them imports nothing a command did not already import.
 _INPUT_ERRORS = (
-    ("transports.p2p", "AddressError"),
+    ("transports.operator_addrs", "AddressError"),
     ("mesh.state", "StateDirError"),
     ("mesh.commands", "OfferTooLarge"),
     ("mesh.metrics_server", "MetricsBindError"),

@@ -92,7 +92,7 @@ def offer(
     from executor.contract import Limits
     from mesh import logs
     from mesh.commands import OfferOptions, run_offer
-    from transports.p2p import AddressError, parse_peer_addr
+    from transports.operator_addrs import AddressError, parse_peer_addr
     from transports.wire.offers import MAX_CODE_CHARS
 
     if ble_os:

@@ -259,7 +259,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
     if (error := too_large(provisional)) is not None:
         raise error
     from transports.addresses import ip_of, local_address_towards
-    from transports.p2p import parse_peer_addr
+    from transports.operator_addrs import parse_peer_addr
 
     # Listen where the peers we talk to can reach us back (claims and results come to us): the interface that
     # routes to them, loopback for a loopback peer. A one-shot offerer is not advertised to the swarm.

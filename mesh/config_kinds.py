@@ -220,7 +220,7 @@ class ListOf(Kind):
 
 
 def listen_addr(text: str) -> str:
-    from transports.p2p import AddressError, parse_listen_addr
+    from transports.operator_addrs import AddressError, parse_listen_addr
 
     try:
         parse_listen_addr(text)
@@ -230,7 +230,7 @@ def listen_addr(text: str) -> str:
 
 
 def announce_addr(text: str) -> str:
-    from transports.p2p import AddressError, parse_announce_addr
+    from transports.operator_addrs import AddressError, parse_announce_addr
 
     try:
         return parse_announce_addr(text)
@@ -239,7 +239,7 @@ def announce_addr(text: str) -> str:
 
 
 def peer_addr(text: str) -> str:
-    from transports.p2p import AddressError, parse_peer_addr
+    from transports.operator_addrs import AddressError, parse_peer_addr
 
     try:
         parse_peer_addr(text)

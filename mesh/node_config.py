@@ -14,7 +14,7 @@ from mesh.intake import IntakePolicy
 from mesh.invitations import INVITEES
 from transports.base import Transport
 from transports.hardening import Defences
-from transports.p2p import listens_beyond_loopback
+from transports.operator_addrs import listens_beyond_loopback
 from transports.relay import ReserveMode
 from transports.wire.identity import NodeIdentity
 

@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 import trio
 
-from transports.p2p import DialError, P2PHost, parse_peer_addr
+from transports.operator_addrs import parse_peer_addr
+from transports.p2p import DialError, P2PHost
 
 log = structlog.get_logger("edgecoder.bootstrap")
 

@@ -42,7 +42,8 @@ from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from libp2p.tools.anyio_service import background_trio_service
 
 from transports.addresses import ip_of
-from transports.p2p import DialError, P2PHost, parse_peer_addr
+from transports.operator_addrs import parse_peer_addr
+from transports.p2p import DialError, P2PHost
 
 log = structlog.get_logger("edgecoder.relay")
 

@@ -75,10 +75,10 @@ def test_exec_refuses_a_huge_file_without_reading_it(tmp_path: Path) -> None:
     huge = tmp_path / "huge.py"
     with huge.open("wb") as f:
         f.truncate(100 * 1024 * 1024)  # sparse: 100 MB that cost nothing to make, and would take minutes to parse
-    started = time.monotonic()
+    # The error names the size limit: the file was judged by its size, before a byte of it was read (reading and
+    # parsing it used to take 5 min 40 s and 23 GB; the helper's timeout is only a hang backstop).
     result = edgecoder("exec", "--language", "python", "--code-file", str(huge), "--sandbox", "host")
     assert_one_line_error(result, 2, "the limit is")
-    assert time.monotonic() - started < 30  # it used to take 5 min 40 s and 23 GB
 
 
 @pytest.mark.parametrize("depth", [18, 5000, 60_000])  # 17 nested arrays are as deep as an offer may carry

@@ -190,9 +190,7 @@ def test_sigterm_mid_run_aborts_the_run_answers_the_offerer_and_leaves_no_contai
             while "edgecoder_runs_in_flight 1.0" not in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text:
                 assert time.monotonic() < deadline, "the offer never started running"
                 time.sleep(0.1)
-            began = time.monotonic()
-            assert node.stop(signal.SIGTERM) == 0
-            assert time.monotonic() - began < 15
+            assert node.stop(signal.SIGTERM) == 0  # within stop()'s grace, or it is killed and this fails
             out, _ = offer.communicate(timeout=30)
         finally:
             offer.kill()  # leaving `with` closes its stdout and reaps it

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -131,9 +129,9 @@ async def test_busy_when_slots_and_queue_are_full(docker_api: docker.APIClient, 
             nursery.start_soon(run)
             await wait_until(lambda: ex.stats().waiting == 1)
             assert ex.stats().free_slots == 0
-            began = time.monotonic()
             busy = await ex.run_code(ExecRequest("python", "print(1)"))
-            assert time.monotonic() - began < 0.1
+            # Refused at once, not after a wait: the run and the waiter it found are both still there, unfinished.
+            assert (ex.stats().runs_in_flight, ex.stats().waiting, results) == (1, 1, [])
     assert (busy.ok, busy.queue_reason, busy.queue_for_cloud) == (False, "busy", True)
     assert [r.stdout for r in results] == ["slept\n", "slept\n"]
     assert containers_of(docker_api, node_label) == []
@@ -263,10 +261,10 @@ async def test_a_trio_task_keeps_ticking_while_a_128_kib_offer_is_checked() -> N
         ended = trio.current_time()
         nursery.cancel_scope.cancel()
     during = [t for t in ticks if began < t < ended]
-    longest_gap = max(b - a for a, b in itertools.pairwise([began, *during, ended]))
     assert (result.queue_reason, result.stderr) == ("outside_subset", "outside_subset: import socket (line 2)")
+    # Had the check held the Trio thread, no tick would fall inside it; how long the longest gap was is a timing,
+    # and timings belong to the benchmarks.
     assert len(during) >= 5, f"the ticker ran {len(during)} times during a {ended - began:.2f} s check"
-    assert longest_gap < 1.0, f"the node stood still for {longest_gap:.2f} s"
 
 
 async def test_the_nested_code_offer_is_refused_and_the_executor_keeps_serving() -> None:

@@ -3,7 +3,6 @@ decodes in memory linear in the input."""
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 import msgpack
@@ -60,16 +59,15 @@ def nested(header: bytes, levels: int) -> bytes:
         b"\xdb\xff\xff\xff\xff" + b"x" * 10,  # a string declaring 4 GiB
     ],
 )
-def test_bombs_are_refused_in_microseconds_without_allocating(bomb: bytes) -> None:
+def test_bombs_are_refused_without_allocating(bomb: bytes) -> None:
+    """Refused by the shape walk before msgpack builds anything: a few kilobytes where msgpack alone took 80 MB (and
+    46 ms of CPU; what the walk costs in time is a benchmark's figure, not a test's)."""
     tracemalloc.start()
-    started = time.process_time()
     with pytest.raises(Rejected):
         unpack_strict(bomb, max_size=256 * 1024)
-    cpu = time.process_time() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 64 * 1024, peak  # a few kilobytes, not megabytes
-    assert cpu < 0.05  # generous: the walk takes tens of microseconds; msgpack alone took 46 ms
 
 
 @settings(max_examples=200)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_or_fail
 from tests.netns import (
     DelayRelay,
     Host,
@@ -342,5 +343,6 @@ def test_without_root_netns_tests_skip_with_the_reason_or_fail_when_required() -
     readable = subprocess.run([*as_nobody, sys.executable, "-c", f"open({str(REPO / 'tests/conftest.py')!r})"],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     if readable.returncode != 0:
-        pytest.skip(f"uid 65534 cannot run this checkout's Python or read its files: {readable.stderr.strip()[-200:]}")
+        problem = f"uid 65534 cannot run this checkout's Python or read its files: {readable.stderr.strip()[-200:]}"
+        skip_or_fail(problem, "EDGECODER_REQUIRE_NETNS")
     assert_skips_then_fails(as_nobody, {**os.environ, "HOME": "/tmp"}, "not running as root (euid 65534)")

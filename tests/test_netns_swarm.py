@@ -104,7 +104,6 @@ def test_a_bootstrap_peer_down_at_start_is_joined_once_it_is_up_and_an_offer_the
     seed = node(seed_host, seed_key, tmp_path, "seed", env=NO_SANDBOX)
     joined = runner.wait_connected(seed_host, timeout=60)
     timings.record("seed process spawned -> runner connected to it", joined - seed.started_at)
-    assert joined - seed.started_at < 40  # the backoff is capped near 30 s (a bound, not a speed target)
     run = run_offer(offerer_host, make_key(tmp_path / "off.key"), code, "--gossip", "--peer", seed_addr,
                     input_json='{"xs": [40, 2]}')  # fmt: skip
     expect_ok(run, "42\n")

@@ -110,10 +110,8 @@ def test_an_offerer_that_stops_waiting_aborts_its_run_and_the_container_goes(doc
 
                 nursery.start_soon(offer)
                 await wait_for(lambda: node.executor.stats().runs_in_flight == 1, what="the run to start")
-                started = trio.current_time()
                 scope.cancel()  # the offerer gives up (Ctrl-C, its own deadline): it sends an abort frame
             await wait_for(lambda: node.executor.stats().runs_in_flight == 0, what="the run to be aborted")
-            assert trio.current_time() - started < 20  # far from the 60 s the program would sleep
             assert node.direct.aborted == 1
             assert "edgecoder_jobs_abandoned_total 1.0" in node.metrics.exposition().decode()
             await wait_pool_ready(node.executor)

@@ -41,7 +41,7 @@ def test_the_ble_simulation_reports_the_timing_model_s_latencies(
         model = offer_timing(row["offer_bytes"], row["result_bytes"], profile)
         assert row["model_to_offer_s"] == pytest.approx(model.to_offer)
         run_s = row["model_total_s"] - model.total  # the model's total plus the run's own duration
-        assert 0 <= run_s < 30, row
+        assert run_s >= 0, row
         # The paced radio waits as the model says, less what it does not play (the advertising wait and the first
         # connection event): a radio that did not pace would answer the Linux preset in a fraction of a second.
         assert row["measured_s"] is not None, f"{name}: no result on the paced radio"

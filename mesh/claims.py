@@ -25,8 +25,9 @@ import trio
 
 from mesh.peers import Heartbeat, PeerDirectory
 from transports.wire.identity import public_key_of_peer_id
-from transports.wire.offers import MAX_RESULT_BYTES, ReceivedOffer, TaskResult, meets, open_result
+from transports.wire.offers import MAX_RESULT_BYTES, ReceivedOffer, meets
 from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.results import TaskResult, open_result
 from transports.wire.sealed import Payload, SealKey, open_sealed_result, seal_payload
 
 # Asks a peer for its current status over a direct stream: the status, or why not.

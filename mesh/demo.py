@@ -18,8 +18,9 @@ from executor.contract import Limits
 from mesh.node import MeshNode, NodeConfig
 from mesh.offerer import OfferOutcome
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import TaskOffer, TaskResult, parse_offer
+from transports.wire.offers import TaskOffer, parse_offer
 from transports.wire.peerid import ed25519_peer_id
+from transports.wire.results import TaskResult
 
 SUM_PY = "import json, sys\nxs = json.load(sys.stdin)['xs']\nprint(f'sum of {len(xs)} numbers = {sum(xs)}')\n"
 FIB_JS = (

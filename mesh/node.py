@@ -51,10 +51,8 @@ from transports.presence import Presence
 from transports.relay import Relay
 from transports.rendezvous import Rendezvous
 from transports.wire.identity import public_key_of_peer_id
-from transports.wire.offers import (
-    TaskResult,
-)
 from transports.wire.peerid import ed25519_peer_id
+from transports.wire.results import TaskResult
 from transports.wire.sealed import Payload
 
 log = structlog.get_logger("edgecoder.node")

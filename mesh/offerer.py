@@ -25,18 +25,9 @@ from transports.gossip import GossipTransport
 from transports.p2p import P2PHost
 from transports.wire.identity import NodeIdentity, public_key_of_peer_id
 from transports.wire.jobs import JobCancel
-from transports.wire.offers import (
-    MAX_REPLY_ADDRS,
-    OFFER_ID_SIZE,
-    Audience,
-    TaskOffer,
-    TaskResult,
-    now_ms,
-    open_result,
-    parse_offer,
-    result_digest,
-)
+from transports.wire.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, Audience, TaskOffer, now_ms, parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.results import TaskResult, open_result, result_digest
 
 log = structlog.get_logger("edgecoder.node")
 

@@ -8,7 +8,7 @@ from tests.test_ble_support import FAST, NODE, OFFERER, FakeIntake, signed_offer
 from transports.base import Admitted
 from transports.ble import BleTransport
 from transports.ble.sim import open_simulated_radio
-from transports.wire.offers import TaskResult
+from transports.wire.results import TaskResult
 
 
 def test_offer_claim_and_verified_result_over_simulated_radio() -> None:

@@ -15,8 +15,9 @@ from executor.contract import ExecResult
 from transports.base import Admitted, Delivery, Verdict
 from transports.ble.policy import ProximityPolicy
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import TaskOffer, TaskResult, open_offer
+from transports.wire.offers import TaskOffer, open_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.results import TaskResult
 
 OFFERER = NodeIdentity.generate()
 NODE = NodeIdentity.generate()

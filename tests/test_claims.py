@@ -10,8 +10,9 @@ from executor.contract import ExecResult, Limits
 from mesh.claims import LEASE_MARGIN_S, ClaimDesk, ClaimJob
 from mesh.peers import PeerDirectory
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import Audience, TaskOffer, TaskResult, parse_offer
+from transports.wire.offers import Audience, TaskOffer, parse_offer
 from transports.wire.reasons import Reason, Rejection
+from transports.wire.results import TaskResult
 
 OFFERER = NodeIdentity.generate()
 RUNNER_A = NodeIdentity.generate()

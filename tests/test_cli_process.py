@@ -288,7 +288,8 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
     from executor.contract import Limits
     from tests.coordinator_support import CoordinatorProcess, read_task
     from transports.wire.identity import NodeIdentity
-    from transports.wire.offers import TaskOffer, open_result
+    from transports.wire.offers import TaskOffer
+    from transports.wire.results import open_result
 
     coordinator = CoordinatorProcess(tmp_path / "tasks.sqlite")
     url = coordinator.start()

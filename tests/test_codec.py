@@ -15,15 +15,9 @@ from executor.contract import ExecResult
 from tests.strategies import NOW, OFFERER, exec_results, offers
 from transports.wire.codec import Domain, pack, seal
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import (
-    ClockPolicy,
-    TaskOffer,
-    TaskResult,
-    open_offer,
-    open_result,
-    parse_offer,
-)
+from transports.wire.offers import ClockPolicy, TaskOffer, open_offer, parse_offer
 from transports.wire.reasons import Reason, Rejected
+from transports.wire.results import TaskResult, open_result
 
 EXECUTOR = NodeIdentity(bytes(range(32, 64)))
 

@@ -19,7 +19,8 @@ from executor.contract import ExecResult
 from tests.coordinator_support import AgentClient, CoordinatorProcess, read_task
 from transports.wire import agent_requests as signing
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import TaskOffer, TaskResult
+from transports.wire.offers import TaskOffer
+from transports.wire.results import TaskResult
 
 
 def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

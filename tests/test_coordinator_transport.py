@@ -20,8 +20,9 @@ from tests.coordinator_support import CoordinatorProcess, read_task
 from transports.base import Admitted, Delivery, Verdict
 from transports.coordinator import CoordinatorPullTransport
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import TaskOffer, TaskResult, parse_offer
+from transports.wire.offers import TaskOffer, parse_offer
 from transports.wire.reasons import Reason, Rejection
+from transports.wire.results import TaskResult
 
 FAST: dict[str, Any] = {"poll_interval": 0.05, "heartbeat_interval": 0.1}
 

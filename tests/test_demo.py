@@ -13,8 +13,9 @@ from mesh import demo
 from mesh.demo import BLE_HELLO, FIB_90, SUM_OF_1_TO_100, WHOAMI, run_demo, wrong_output
 from mesh.offerer import OfferOutcome
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import TaskOffer, TaskResult
+from transports.wire.offers import TaskOffer
 from transports.wire.reasons import Reason, Rejection
+from transports.wire.results import TaskResult
 
 RUNNER = NodeIdentity.generate()
 

@@ -19,8 +19,9 @@ from transports.direct import checked_answer, refusal_message
 from transports.wire.codec import Domain, pack, unpack_strict
 from transports.wire.identity import NodeIdentity
 from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, StreamDigest, open_cancel, open_progress
-from transports.wire.offers import Audience, TaskOffer, TaskResult, open_offer, open_result
+from transports.wire.offers import Audience, TaskOffer, open_offer
 from transports.wire.reasons import Reason, Rejection
+from transports.wire.results import TaskResult, open_result
 from transports.wire.sealed import SealKey
 
 VECTORS = Path(__file__).parent / "vectors"

@@ -38,9 +38,10 @@ from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
 from transports.wire.coordinator_errors import CoordinatorReason, Refused
 from transports.wire.identity import NodeIdentity
 from transports.wire.jsontext import JsonError, parse_json
-from transports.wire.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer, open_result
+from transports.wire.offers import MAX_RESULT_BYTES, ClockPolicy, open_offer
 from transports.wire.peerid import ed25519_peer_id
 from transports.wire.reasons import Reason, Rejected, Rejection, wire_refusal
+from transports.wire.results import open_result
 
 log = structlog.get_logger("edgecoder.coordinator")
 

@@ -315,9 +315,9 @@ def _print_verified(status: dict[str, Any], raw: bytes, offer_id: bytes, digest:
     """The result, verified against the agent that held the claim, this offer's id and this offer's digest."""
     import base64
 
-    from transports.wire.offers import open_result
     from transports.wire.peerid import ed25519_peer_id
     from transports.wire.reasons import Rejected
+    from transports.wire.results import open_result
 
     try:
         claimant = bytes.fromhex(status["claimedBy"])

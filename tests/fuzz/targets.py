@@ -29,8 +29,9 @@ from transports.wire.coordinator_errors import Refused
 from transports.wire.identity import NodeIdentity
 from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, open_cancel, open_progress
 from transports.wire.jsontext import JsonError, parse_json
-from transports.wire.offers import TaskOffer, TaskResult, open_offer, open_result, parse_offer
+from transports.wire.offers import TaskOffer, open_offer, parse_offer
 from transports.wire.reasons import Rejected
+from transports.wire.results import TaskResult, open_result
 from transports.wire.sealed import Payload, SealKey, open_payload, seal_payload
 
 Target = Callable[[bytes], None]

@@ -21,8 +21,9 @@ from transports.ble.offer_server import RefusalRecord, ServerLimits
 from transports.ble.peripheral import PeripheralFaults
 from transports.ble.radios import HasPeerIdentity, HciRadio, OfferingPeerHandle
 from transports.ble.timing import PRESETS, offer_timing
-from transports.wire.offers import TaskOffer, TaskResult
+from transports.wire.offers import TaskOffer
 from transports.wire.reasons import Reason, Rejection
+from transports.wire.results import TaskResult
 
 log = structlog.get_logger("edgecoder.ble.offer")
 

@@ -52,7 +52,7 @@ class OfferingPeerHandle:
         return self.peripheral.address  # fixed at creation: safe to read from any thread
 
     async def wait_result(self) -> Any:
-        """The verified result (a `transports.wire.offers.TaskResult` with the default verifier)."""
+        """The verified result (a `transports.wire.results.TaskResult` with the default verifier)."""
         return await self.thread.run(self.peripheral.wait_result)
 
     async def wait_outcome(self, is_final: Callable[[RefusalRecord], bool]) -> Any:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from transports.ble.protocol import offer_digest
 from transports.wire.identity import public_key_of_peer_id
-from transports.wire.offers import TaskResult, open_result
 from transports.wire.reasons import Reason, Rejected
+from transports.wire.results import TaskResult, open_result
 
 
 def verify_with_mesh_codec(raw: bytes, claimant_peer_id: str, offer: bytes) -> TaskResult:

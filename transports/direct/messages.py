@@ -10,8 +10,9 @@ from libp2p.abc import INetStream
 
 from transports.framing import FrameFault, write_frame
 from transports.wire.codec import pack, unpack_strict
-from transports.wire.offers import MAX_RESULT_BYTES, parse_run_result
+from transports.wire.offers import MAX_RESULT_BYTES
 from transports.wire.reasons import Reason, Rejected, Rejection, wire_refusal
+from transports.wire.results import parse_run_result
 
 # A signed result plus the answer map around it.
 MAX_RESULT_FRAME = MAX_RESULT_BYTES + 1024

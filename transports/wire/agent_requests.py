@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from dataclasses import dataclass
 
-from transports.wire.codec import pack
+from transports.wire.codec import now_ms, pack
 from transports.wire.coordinator_errors import CoordinatorReason, Refused
 from transports.wire.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, NodeIdentity, verify
 
@@ -32,10 +31,6 @@ NONCE = "x-edgecoder-nonce"
 BODY_SHA256 = "x-edgecoder-body-sha256"
 SIGNATURE = "x-edgecoder-signature"
 HEADERS = (AGENT, TIMESTAMP, NONCE, BODY_SHA256, SIGNATURE)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def signed_message(

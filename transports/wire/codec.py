@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
 MAX_DEPTH = 16  # nesting of user data (`input`); deeper is refused before any recursion can hurt us
 # Nesting of any decoded message: user data plus the few levels of the message around it.
 MAX_WIRE_DEPTH = MAX_DEPTH + 4
+
+
+def now_ms() -> int:
+    """The wire's clock: Unix time in milliseconds, as every signed message's timestamps are."""
+    return time.time_ns() // 1_000_000
 
 
 class Domain:

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from google.protobuf.message import DecodeError
 from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
@@ -68,6 +69,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from transports.base import Delivery, OfferSink
 from transports.direct import DirectTransport, ReplyError
+from transports.hardening.refusals import Refusal
 from transports.p2p import P2PHost
 from transports.pubsub import (
     LEAN,
@@ -291,6 +293,16 @@ class GossipTransport:
                 if isinstance(self.pubsub, LeanPubsub) and (tuning.early_duplicates or tuning.skip_holders):
                     reader = ForwarderNotingReader(reader, self.pubsub, stream.muxed_conn.peer_id)
                 await self.pubsub.stream_handler(reader)
+            except DecodeError:
+                # An RPC that is not protobuf (upstream's reader lets protobuf's error out): the sender's fault, a
+                # strike, and the stream reset. Raised further it would tear down the whole swarm.
+                peer = stream.muxed_conn.peer_id.to_base58()
+                banned = self.host.penalties.strike(peer)
+                self.stats["pubsub_rpc_unparseable"] += 1
+                with trio.move_on_after(1):
+                    await stream.reset()
+                if banned:
+                    await self.host.cut_off(peer, Refusal.INVALID_FRAMES)
             except RuntimeError as exc:
                 # Rarely a reader still drains buffered messages (no checkpoint, so our cancel has not landed yet)
                 # as pubsub stops, and pubsub's closed nursery refuses the task it schedules per message. At

@@ -4,6 +4,11 @@
   and Noise message (`Pubsub.handle_sending_messages` -> `write_msg`). Ours writes everything already queued for the
   peer in one write (up to 60 KiB: one frame, one Noise message). `RpcQueue.pop` returns without a checkpoint while
   items are queued, so draining it cannot interleave with anything.
+- **One writer at a time per stream.** Upstream writes to a peer's stream from its sender task and, directly, from
+  the router (`GossipSub` flushing pending messages and sending recent ones to a new mesh peer: `write_msg`).
+  Yamux takes its write lock per frame, so two writes longer than a frame (an RPC over 64 KiB, such as a 100 KB
+  clear offer) interleave their frames and the peer reads a corrupt RPC. Every write here holds the stream's own
+  lock for the whole RPC.
 - **Bans.** `is_peer_blacklisted`, which pubsub asks first thing for every message (forwarder and originator) and
   before it opens a stream to a new peer, also says yes for a peer the host's `PenaltyBox` has banned. The pubsub
   blacklist itself is not used: `add_to_blacklist` removes the peer from `peers` without telling the router, which
@@ -30,9 +35,11 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.network.stream.exceptions import StreamClosed, StreamReset
 from libp2p.peer.id import ID
@@ -77,6 +84,17 @@ class LeanPubsub(Pubsub):
         self.reading_from: ID | None = None
         self.duplicates_dropped = 0  # copies dropped before push_msg (for tests and the benchmarks)
         self.held_skipped = 0  # messages not written to a peer that had sent them to us
+        self._write_locks: weakref.WeakKeyDictionary[INetStream, trio.Lock] = weakref.WeakKeyDictionary()
+
+    def _write_lock(self, stream: INetStream) -> trio.Lock:
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        return lock
+
+    async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
+        async with self._write_lock(stream):
+            return await super().write_msg(stream, rpc_msg)
 
     def _is_subscribed_to_msg(self, msg: rpc_pb2.Message) -> bool:
         if not super()._is_subscribed_to_msg(msg):
@@ -128,7 +146,8 @@ class LeanPubsub(Pubsub):
                 if not parts:
                     continue  # everything queued was held by the peer already
                 try:
-                    await stream.write(b"".join(parts))
+                    async with self._write_lock(stream):
+                        await stream.write(b"".join(parts))
                 except (StreamClosed, StreamReset):
                     self._handle_dead_peer(peer_id)  # what upstream's sender does when write_msg fails
                     return

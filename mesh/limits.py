@@ -1,7 +1,7 @@
-"""Bounded bookkeeping for the intake: a replay cache and per-peer token buckets.
+"""Bounded bookkeeping for the intake: per-peer token buckets (the replay memory is mesh/replay.py).
 
-Both are capped in entries, so a peer that invents identities or offer ids by the million costs us a fixed amount
-of memory. Time is injected (`now` in seconds, monotonic) so that tests and simulations control the clock.
+The buckets are capped in number, so a peer that invents identities by the million costs us a fixed amount of
+memory. Time is injected (`now` in seconds, monotonic) so that tests and simulations control the clock.
 """
 
 from __future__ import annotations
@@ -9,39 +9,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
-
-
-class ReplayCache:
-    """Remembers (offerer, offer id) pairs for at least `ttl` seconds, within `capacity` entries.
-
-    `ttl` must be at least the longest offer lifetime plus the clock skew allowed, otherwise an offer could be
-    replayed after it is forgotten but before it expires. When full, the oldest entry is evicted early: the clock
-    check still refuses it once it expires, and the cap is what keeps a flood from growing memory.
-    """
-
-    def __init__(self, ttl: float, capacity: int = 100_000) -> None:
-        self.ttl = ttl
-        self.capacity = capacity
-        self._seen: OrderedDict[tuple[bytes, bytes], float] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def _expire(self, now: float) -> None:
-        while self._seen:
-            key, seen_at = next(iter(self._seen.items()))
-            if now - seen_at < self.ttl and len(self._seen) <= self.capacity:
-                break
-            del self._seen[key]
-
-    def seen(self, offerer: bytes, offer_id: bytes, now: float) -> bool:
-        self._expire(now)
-        return (offerer, offer_id) in self._seen
-
-    def remember(self, offerer: bytes, offer_id: bytes, now: float) -> None:
-        self._seen[(offerer, offer_id)] = now
-        self._seen.move_to_end((offerer, offer_id))
-        self._expire(now)
 
 
 @dataclass(slots=True)

@@ -19,12 +19,13 @@ compacted on load and whenever it holds twice as many records as are live. Memor
 from __future__ import annotations
 
 import heapq
-import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
+
+from mesh.journal import RecordJournal
 
 log = structlog.get_logger("edgecoder.replay")
 
@@ -48,11 +49,9 @@ class ReplayMemory:
         self._by_offerer: dict[bytes, dict[bytes, int]] = {}
         self._expiry: list[tuple[int, bytes, bytes]] = []  # heap of (forget at, offerer, id)
         self._size = 0
-        self._journal_path = journal
-        self._journal_fd: int | None = None
-        self._journal_records = 0
-        if journal is not None:
-            self._load(journal)
+        self._journal = None if journal is None else RecordJournal(journal, _RECORD.size, "replay")
+        if self._journal is not None:
+            self._load(self._journal)
 
     def __len__(self) -> int:
         self._expire()
@@ -71,13 +70,12 @@ class ReplayMemory:
     def spend(self, offerer: bytes, offer_id: bytes, forget_at_ms: int) -> None:
         """Remember an admitted offer's id. The caller has checked `has_room` and `seen` (no await in between)."""
         self._insert(offerer, offer_id, forget_at_ms)
-        if self._journal_fd is not None:
-            self._append(_RECORD.pack(offerer, offer_id, forget_at_ms))
+        if self._journal is not None:
+            self._append(self._journal, _RECORD.pack(offerer, offer_id, forget_at_ms))
 
     def close(self) -> None:
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+        if self._journal is not None:
+            self._journal.close()
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -101,50 +99,29 @@ class ReplayMemory:
             if not ids:
                 del self._by_offerer[offerer]
 
-    def _load(self, path: Path) -> None:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            data = b""
+    def _load(self, journal: RecordJournal) -> None:
         now = self._now_ms()
-        usable = len(data) - len(data) % _RECORD.size  # a torn last record (crash mid-write) is dropped
-        for offerer, offer_id, forget_at in _RECORD.iter_unpack(data[:usable]):
+        for offerer, offer_id, forget_at in _RECORD.iter_unpack(journal.read()):
             if forget_at > now:
                 self._insert(offerer, offer_id, forget_at)
-        self._compact(path)
+        self._compact(journal)
         if self._size:
-            log.info("replay memory restored", entries=self._size, path=str(path))
+            log.info("replay memory restored", entries=self._size, path=str(journal.path))
 
-    def _compact(self, path: Path) -> None:
-        """Rewrite the journal with the live entries only (atomically: a new file, then rename)."""
+    def _compact(self, journal: RecordJournal) -> None:
+        """Rewrite the journal with the live entries only."""
         self._expire()
-        records = b"".join(
-            _RECORD.pack(offerer, offer_id, forget_at)
-            for offerer, ids in self._by_offerer.items()
-            for offer_id, forget_at in ids.items()
+        journal.rewrite(
+            b"".join(
+                _RECORD.pack(offerer, offer_id, forget_at)
+                for offerer, ids in self._by_offerer.items()
+                for offer_id, forget_at in ids.items()
+            )
         )
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, records)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-        self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND, 0o600)
-        self._journal_records = self._size
 
-    def _append(self, record: bytes) -> None:
-        assert self._journal_fd is not None and self._journal_path is not None
-        try:
-            os.write(self._journal_fd, record)
-        except OSError as exc:  # a full disk must not stop the node; the in-memory copy still protects it
-            log.warning("replay journal write failed", error=str(exc))
-            return
-        self._journal_records += 1
-        if self._journal_records % 1024:
+    def _append(self, journal: RecordJournal, record: bytes) -> None:
+        if not journal.append(record) or journal.records % 1024:
             return
         self._expire()
-        if self._journal_records > 2 * self._size + 1024:
-            self._compact(self._journal_path)
+        if journal.records > 2 * self._size + 1024:
+            self._compact(journal)

@@ -20,13 +20,13 @@ I/O-free apart from that journal; time is injected (monotonic seconds).
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from mesh.journal import RecordJournal
 from mesh.limits import RateLimiter
 
 log = structlog.get_logger("edgecoder.standing")
@@ -58,11 +58,9 @@ class Standing:
         self._candidates: OrderedDict[bytes, float] = OrderedDict()  # fresh offerer -> when first served
         self.promoted = 0  # promotions since start, and promotions the budget deferred: for metrics and tests
         self.deferred = 0
-        self._journal_path = journal
-        self._journal_fd: int | None = None
-        self._journal_records = 0
-        if journal is not None:
-            self._load(journal)
+        self._journal = None if journal is None else RecordJournal(journal, KEY_SIZE, "standing")
+        if self._journal is not None:
+            self._load(self._journal)
 
     def __len__(self) -> int:
         return len(self._earned)
@@ -92,53 +90,24 @@ class Standing:
         if len(self._earned) > self.capacity:
             self._earned.popitem(last=False)
         self.promoted += 1
-        if self._journal_fd is not None:
-            self._append(offerer)
+        if self._journal is not None and self._journal.append(offerer) and self._journal.records > 2 * self.capacity:
+            self._journal.rewrite(b"".join(self._earned))
         return True
 
     def close(self) -> None:
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+        if self._journal is not None:
+            self._journal.close()
 
     # -- the journal -------------------------------------------------------------------------------------------
 
-    def _load(self, path: Path) -> None:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            data = b""
-        usable = len(data) - len(data) % KEY_SIZE  # a torn last record (crash mid-write) is dropped
-        for start in range(0, usable, KEY_SIZE):
+    def _load(self, journal: RecordJournal) -> None:
+        data = journal.read()
+        for start in range(0, len(data), KEY_SIZE):
             key = data[start : start + KEY_SIZE]
             self._earned.pop(key, None)
             self._earned[key] = None
         while len(self._earned) > self.capacity:
             self._earned.popitem(last=False)
-        self._compact(path)
+        journal.rewrite(b"".join(self._earned))
         if self._earned:
-            log.info("established offerers restored", offerers=len(self._earned), path=str(path))
-
-    def _compact(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, b"".join(self._earned))
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-        self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND, 0o600)
-        self._journal_records = len(self._earned)
-
-    def _append(self, key: bytes) -> None:
-        assert self._journal_fd is not None and self._journal_path is not None
-        try:
-            os.write(self._journal_fd, key)
-        except OSError as exc:  # a full disk must not stop the node; the set in memory still holds
-            log.warning("standing journal write failed", error=str(exc))
-            return
-        self._journal_records += 1
-        if self._journal_records > 2 * self.capacity:
-            self._compact(self._journal_path)
+            log.info("established offerers restored", offerers=len(self._earned), path=str(journal.path))

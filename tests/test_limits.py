@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh.limits import RateLimiter, ReplayCache
+from mesh.limits import RateLimiter
 
 
 def test_a_bucket_refills_at_its_rate_and_is_per_key() -> None:
@@ -37,13 +37,3 @@ def test_the_number_of_buckets_is_bounded() -> None:
 def test_a_bucket_needs_a_rate_and_a_burst() -> None:
     with pytest.raises(ValueError):
         RateLimiter(rate=0, burst=1)
-
-
-def test_the_replay_cache_remembers_for_its_ttl_within_its_capacity() -> None:
-    cache = ReplayCache(ttl=10.0, capacity=3)
-    cache.remember(b"o", b"1", 0.0)
-    assert cache.seen(b"o", b"1", 9.9) and not cache.seen(b"p", b"1", 9.9)
-    assert not cache.seen(b"o", b"1", 10.0)
-    for i in range(10):
-        cache.remember(b"o", bytes([i]), 20.0)
-    assert len(cache) == 3 and cache.seen(b"o", bytes([9]), 20.0) and not cache.seen(b"o", bytes([0]), 20.0)

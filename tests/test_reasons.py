@@ -13,6 +13,7 @@ import pytest
 from executor.contract import ErrorKind, ExecResult, QueueReason
 from transports.ble.reasons import AS_REASON, BleReason
 from transports.direct import checked_answer, refusal_message
+from transports.framing import FrameFault
 from transports.vocabulary import VOCABULARIES, Vocabulary, layers_of
 from transports.wire.codec import pack, unpack_strict
 from transports.wire.reason_reference import REFERENCE
@@ -75,6 +76,13 @@ def test_each_code_is_spelled_once_in_the_layers_that_may_import_the_floor() -> 
 def test_ble_codes_map_onto_refusals_the_wire_carries() -> None:
     assert set(AS_REASON) == set(BleReason)
     assert set(AS_REASON.values()) <= WIRE_REFUSALS
+
+
+def test_frame_faults_map_onto_refusals_the_wire_carries() -> None:
+    from transports.direct.messages import ANSWER_FRAME_REASONS, REQUEST_FRAME_REASONS
+
+    for table in (REQUEST_FRAME_REASONS, ANSWER_FRAME_REASONS):
+        assert set(table) == set(FrameFault) and set(table.values()) <= WIRE_REFUSALS
 
 
 def test_a_peer_refusal_names_only_a_wire_refusal() -> None:

@@ -21,7 +21,7 @@ from transports.ble.framing import Reassembler, encode_frames
 from transports.ble.protocol import Answer, Capabilities, Claim, Kind, PeerInfo, Refusal
 from transports.ble.reasons import BleFault
 from transports.coordinator import parse_pull_answer
-from transports.direct import MAX_CONTROL_FRAME, decode_answer, decode_request
+from transports.direct import MAX_CONTROL_FRAME, decode_answer, decode_request, refusal_message
 from transports.framing import FrameError, read_frame
 from transports.wire import agent_requests as signing
 from transports.wire.codec import Domain, open_envelope, pack, unpack_strict
@@ -30,7 +30,7 @@ from transports.wire.identity import NodeIdentity
 from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, open_cancel, open_progress
 from transports.wire.jsontext import JsonError, parse_json
 from transports.wire.offers import TaskOffer, open_offer, parse_offer
-from transports.wire.reasons import Rejected
+from transports.wire.reasons import Reason, Rejected, Rejection
 from transports.wire.results import TaskResult, open_result
 from transports.wire.sealed import Payload, SealKey, open_payload, seal_payload
 
@@ -230,6 +230,7 @@ def seeds() -> dict[str, list[bytes]]:
         pack({"type": "abort", "offerId": b"\x02" * 16}),
         pack({"type": "cancel", "cancel": JobCancel.create(_IDENTITY, b"\x02" * 16).sign(_IDENTITY)}),
         pack({"type": "refusal", "reason": "busy", "detail": "queue full"}),
+        pack(refusal_message(Rejection(Reason.SANDBOX_REQUIRED, "asks for the host"))),  # with the seed's result
         pack({"type": "result", "result": results[0]}),
         pack({"type": "status", "heartbeat": {"peerId": _IDENTITY.peer_id, "sandboxMode": "docker"}}),
         pack({"type": "grant"}),

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `tests` (attackers' helpers, the small sandbox policy) is not an installed package
 
 from cli_baseline import CODE, EXPECTED, INPUT  # noqa: E402  (benchmarks/ is the script's directory)
+from verdict import Verdict  # noqa: E402
 
 from executor.contract import Limits  # noqa: E402
 from mesh.intake import IntakePolicy  # noqa: E402
@@ -166,6 +167,8 @@ async def measure(target: Target, offerer: MeshNode, offers: int, *, fresh_conne
 # -- attackers in a process of their own --------------------------------------------------------------------------
 
 AttackerFn = Callable[[str, Counter[str]], Awaitable[None]]
+ATTACKERS_IDLE: list[str] = []  # attacker processes that counted nothing: the run is broken
+ATTACKER_READY_S = 120.0  # a hang backstop for an attacker's start
 ATTACKERS: dict[str, AttackerFn] = {}
 
 
@@ -185,15 +188,20 @@ async def attacker_process(name: str, target: Target, *, warmup: float = 1.0) ->
         preexec_fn=lambda: os.nice(ATTACKER_NICE),
     )
     assert process.stdin is not None and process.stdout is not None
-    began = time.monotonic()
+    output = b""
     try:
+        # Started, not guessed: its Python and its imports take seconds on a loaded machine, longer than a short
+        # phase of honest offers, which would then be measured with no attack running.
+        with trio.move_on_after(ATTACKER_READY_S):
+            while b"\n" not in output and (chunk := await process.stdout.receive_some()):
+                output += chunk
+        began = time.monotonic()
         await trio.sleep(warmup)  # let the attack reach its steady state before the honest offers start
         yield notes
     finally:
         with trio.CancelScope(shield=True):
             await process.stdin.aclose()  # the attacker stops and prints what it counted
-            output = b""
-            with trio.move_on_after(10):
+            with trio.move_on_after(30):
                 while chunk := await process.stdout.receive_some():
                     output += chunk
             if process.returncode is None:
@@ -201,8 +209,14 @@ async def attacker_process(name: str, target: Target, *, warmup: float = 1.0) ->
             await process.wait()
     seconds = time.monotonic() - began
     lines = output.decode().strip().splitlines()
-    counted = json.loads(lines[-1]) if lines else {}
+    try:
+        counted = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        counted = {}
     notes["attacker"] = ", ".join(f"{k} {v / seconds:.0f}/s" for k, v in sorted(counted.items()))
+    if not any(counted.values()):
+        # An attacker that crashed or never connected leaves a "quiet" phase labelled as an attack.
+        ATTACKERS_IDLE.append(f"{name} counted nothing (exit {process.returncode}): the attack never ran")
 
 
 def process_attack(
@@ -222,6 +236,7 @@ def attacker_main(name: str, target_addr: str) -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ATTACKERS[name], target_addr, stats)
+            print(json.dumps({"started": name}), flush=True)  # what attacker_process waits for
             stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
             while await stdin.receive_some():
                 pass
@@ -735,7 +750,7 @@ async def shutdown_figures() -> None:
         print(f"{n:>12}{stock:>11.0f}ms{fast:>10.0f}ms{stock_seen:>16.0f}ms{fast_seen:>15.0f}ms")
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--offers", type=int, default=15, help="honest offers per phase (quiet, under attack)")
     parser.add_argument("--only", nargs="+", choices=list(ATTACKS), metavar="NAME", help="these attacks only")
@@ -745,23 +760,28 @@ def main() -> None:
     args = parser.parse_args()
     if args.attacker:
         attacker_main(*args.attacker)
-        return
+        return 0
     if args.list:
         for chosen in ATTACKS.values():
             print(f"{chosen.name:<26}{chosen.what}")
-        return
+        return 0
     quiet_logs()
     names = args.only or list(ATTACKS)
     print(f"honest offer → verified result, trivial Python task, {args.offers} offers per phase, quiet then attacked")
     print(HEADER, flush=True)
     rows = trio.run(run_attacks, names, args.offers)
-    missed = [r.attack.name for r in rows if not r.met]
-    print(f"target: every attack within {TARGET_RATIO:g}x of quiet, no honest offer lost: {not missed}")
-    if missed:
-        print(f"missed: {', '.join(missed)}")
+    verdict = Verdict()
+    for row in rows:
+        verdict.require(not row.quiet.failed, f"{row.attack.name}: honest offers failed with no attack running "
+                        f"({dict(row.quiet.failed)}), so the runner was broken, not attacked")  # fmt: skip
+        verdict.target(f"{row.attack.name}: attacked p50 / quiet p50", row.ratio, at_most=TARGET_RATIO, unit="x")
+        verdict.target(f"{row.attack.name}: honest offers lost", sum(row.under.failed.values()), at_most=0)
+    for idle in ATTACKERS_IDLE:
+        verdict.require(False, idle)
     if not args.no_shutdown:
         trio.run(shutdown_figures)
+    return verdict.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

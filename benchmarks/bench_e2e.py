@@ -45,6 +45,7 @@ from typing import Any
 import structlog
 import trio
 from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles, print_figures  # benchmarks/ is on sys.path
+from verdict import Verdict
 
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
@@ -261,7 +262,7 @@ async def bench(offers: int, nodes: int, procs: int) -> dict[str, Any]:
     return figures
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--offers", type=int, default=40)
     parser.add_argument("--nodes", type=int, default=16)
@@ -271,7 +272,7 @@ def main() -> None:
     quiet_logs()  # a log line per offer on the terminal would be measured too
     if args.serve_mesh_worker is not None:
         trio.run(serve_mesh_worker, args.serve_mesh_worker)
-        return
+        return 0
     procs = max(1, min(args.mesh_procs, (args.nodes + 1) // 2))  # two nodes (a runner and a relay) each at least
     figures = trio.run(bench, args.offers, args.nodes, procs)
     cli = percentiles(bench_cli(ExecutorPolicy.from_env(), args.offers))
@@ -294,9 +295,12 @@ def main() -> None:
         )
     direct_p50, gossip_p50 = figures["direct"]["p50_p95"][0], figures["gossip"]["p50_p95"][0]
     print(f"docker run --rm / direct p50: {cli[0] / direct_p50:.1f}x")
-    print(f"target: direct p50 <= {DIRECT_TARGET_MS:g} ms: {direct_p50 <= DIRECT_TARGET_MS}")
-    print(f"target: gossip p50 <= {GOSSIP_TARGET_MS:g} ms at {args.nodes} nodes: {gossip_p50 <= GOSSIP_TARGET_MS}")
+    # Every offer's result was checked as it came (a wrong or missing one stops the benchmark with exit 1).
+    verdict = Verdict()
+    verdict.target("direct p50", direct_p50, at_most=DIRECT_TARGET_MS, unit=" ms")
+    verdict.target(f"gossip p50 at {args.nodes} nodes", gossip_p50, at_most=GOSSIP_TARGET_MS, unit=" ms")
+    return verdict.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

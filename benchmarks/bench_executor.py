@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -44,6 +45,7 @@ from cli_baseline import (  # benchmarks/ is the script's directory
     print_figures,
     run_cli_once,
 )
+from verdict import Verdict
 
 from executor.bootstrap import encode_payload, new_nonce
 from executor.contract import ExecRequest, Language
@@ -136,7 +138,7 @@ async def bench(policy: ExecutorPolicy, runs: int, with_status: bool) -> dict[st
         return samples
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--status", action="store_true", help="also the trailer vs Docker wait rows")
@@ -159,11 +161,14 @@ def main() -> None:
     if args.status:
         extra = figures["status: Docker wait"][0] - figures["status: trailer"][0]
         print(f"status from Docker alone costs {extra:+.1f} ms p50")
-    python_ok = ratios["Python docker run --rm"] >= PYTHON_TARGET
-    javascript_ok = ratios["JavaScript docker run --rm"] >= JAVASCRIPT_TARGET
-    print(f"targets: Python warm >= {PYTHON_TARGET:g}x faster than docker run --rm: {python_ok}; "
-          f"JavaScript warm >= {JAVASCRIPT_TARGET:g}x faster than docker run --rm: {javascript_ok}")  # fmt: skip
+    # Every run's output was checked as it came (a failed or wrong run stops the benchmark with exit 1).
+    verdict = Verdict()
+    verdict.target("Python: docker run --rm p50 / warm p50", ratios["Python docker run --rm"], at_least=PYTHON_TARGET,
+                   unit="x")  # fmt: skip
+    verdict.target("JavaScript: docker run --rm p50 / warm p50", ratios["JavaScript docker run --rm"],
+                   at_least=JAVASCRIPT_TARGET, unit="x")  # fmt: skip
+    return verdict.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

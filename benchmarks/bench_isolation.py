@@ -13,6 +13,7 @@ run shares the machine with another tier's refill. The target: warm gVisor p50 w
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
@@ -20,6 +21,7 @@ from typing import Any
 
 import trio
 from cli_baseline import CODE, EXPECTED, INPUT, bench_cli, percentiles, print_figures  # benchmarks/ is sys.path[0]
+from verdict import Verdict
 
 from executor.backends import TIERS, backend_for
 from executor.contract import ExecRequest
@@ -73,7 +75,7 @@ async def bench(policy: ExecutorPolicy, runs: int) -> dict[str, list[float]]:
     return samples
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
@@ -83,11 +85,15 @@ def main() -> None:
     print(f"trivial Python task, {args.runs} interleaved rounds, warm pools of 2 per tier")
     print_figures(figures)
     ratio = figures["warm gvisor"][0] / figures["warm runc"][0]
-    print(f"warm gVisor / warm runc p50: {ratio:.2f}x (target <= {TARGET:g}x: {ratio <= TARGET})")
+    print(f"warm gVisor / warm runc p50: {ratio:.2f}x")
     print(f"cold gVisor / cold runc p50: {figures['cold gvisor'][0] / figures['cold runc'][0]:.2f}x")
     print(f"cold - warm p50: runc {figures['cold runc'][0] - figures['warm runc'][0]:+.0f} ms, "
           f"gVisor {figures['cold gvisor'][0] - figures['warm gvisor'][0]:+.0f} ms")  # fmt: skip
+    # Every run's output was checked as it came, and each tier's health before the runs (else exit 1).
+    verdict = Verdict()
+    verdict.target("warm gVisor p50 / warm runc p50", ratio, at_most=TARGET, unit="x")
+    return verdict.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 
 from cli_baseline import cli_command  # benchmarks/ is the script's directory
+from verdict import Verdict  # benchmarks/ is the script's directory
 
 from executor.policy import ExecutorPolicy
 
@@ -95,7 +97,7 @@ print(json.dumps({name: [[w for w, _ in runs_of], [c for _, c in runs_of]] for n
 """
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
@@ -112,7 +114,12 @@ def main() -> None:
         p95 = walls[min(len(walls) - 1, round(0.95 * (len(walls) - 1)))]
         p50, cpu = walls[len(walls) // 2], cpus[len(cpus) // 2]
         print(f"{name:<16}{p50 * 1000:>14.1f}{p95 * 1000:>14.1f}{cpu * 1000:>14.1f}")
+    # No target: which way to start node is chosen from these figures. Broken: a path with no runs measured.
+    verdict = Verdict()
+    for name, (walls, _) in samples.items():
+        verdict.require(len(walls) == args.runs, f"{name}: {len(walls)} of {args.runs} runs measured")
+    return verdict.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from verdict import Verdict  # benchmarks/ is the script's directory
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = [("none", 1), ("none", 5), ("none", 10), ("docker", 1)]
 
@@ -60,27 +62,31 @@ def measure(mode: str, count: int, settle: float) -> dict[str, float]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--settle", type=float, default=12.0, help="seconds the nodes run before RSS is read")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.settle)
-        return
+        return 0
     print(f"RSS after {args.settle:g} s idle; baseline = the same fresh process with everything imported, no node")
     print(f"{'mode':<8}{'nodes':>6}{'baseline MB':>13}{'RSS MB':>9}{'per node MB':>13}")
     one_none = None
+    verdict = Verdict()
     for mode, count in CONFIGS:
         figures = measure(mode, count, args.settle)
         per_node = (figures["rss_mb"] - figures["baseline_mb"]) / count
+        # A node that holds nothing beyond the bare process did not start: its figure would be a false zero.
+        verdict.require(per_node > 0, f"{count} {mode} node(s) added {per_node:.1f} MB to the baseline")
         print(f"{mode:<8}{count:>6}{figures['baseline_mb']:>13.1f}{figures['rss_mb']:>9.1f}{per_node:>13.1f}")
         if mode == "none" and count == 1:
             one_none = figures["rss_mb"]
         elif mode == "none" and one_none is not None:
             print(f"{'':<8}{'':>6}  each node beyond the first: {(figures['rss_mb'] - one_none) / (count - 1):.1f} MB")
+    return verdict.finish()  # no target: docs/simulations.md quotes these figures
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `simulations` is not an installed package
-    main()
+    sys.exit(main())

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from verdict import Verdict  # benchmarks/ is the script's directory
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -54,14 +56,17 @@ def side_by_side(runs: int, commands: dict[str, Callable[[], float]]) -> dict[st
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def print_ratios(title: str, medians: dict[str, float], baseline: str, target: float) -> None:
+def print_ratios(
+    title: str, medians: dict[str, float], baseline: str, target: float, verdict: Verdict, *, targeted: set[str]
+) -> None:
+    """The table, then a target line for each of `targeted` (the others are context: a floor, say)."""
     base = medians[baseline]
     print(f"\n{title}")
     print(f"  {'command':<46}{'median ms':>10}{'ratio':>8}")
     for name, seconds in medians.items():
-        ratio = seconds / base
-        verdict = "" if name == baseline else ("  within target" if ratio <= target else f"  OVER {target:g}x")
-        print(f"  {name:<46}{seconds * 1000:>10.1f}{ratio:>7.2f}x{verdict}")
+        print(f"  {name:<46}{seconds * 1000:>10.1f}{seconds / base:>7.2f}x")
+    for name in targeted:
+        verdict.target(f"{name} / {baseline}", medians[name] / base, at_most=target, unit="x")
 
 
 def import_breakdown(args: list[str]) -> list[tuple[str, float]]:
@@ -150,13 +155,14 @@ def sdk_floor_config(policy: object) -> str:
     )
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--exec-runs", type=int, default=10)
     parser.add_argument("--no-docker", action="store_true", help="Skip the exec comparison.")
     options = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    verdict = Verdict()
     try:
         key = work / "node.key"
 
@@ -174,13 +180,19 @@ def main() -> None:
         )
         print(f"start-up, {options.runs} runs each, interleaved ({sys.executable})")
         print_ratios(
-            "commands that must start fast (target: within 3x of python -c pass)", medians, "python -c pass", 3
+            "commands that must start fast (target: within 3x of python -c pass)",
+            medians,
+            "python -c pass",
+            3,
+            verdict,
+            targeted={"edgecoder --help", "edgecoder keygen", "edgecoder node --help"},
         )
         print("\n  slowest imports of `edgecoder keygen` (cumulative ms):")
         for name, seconds in import_breakdown(["keygen", "--out", str(work / "k2"), "--force"]):
             print(f"    {name:<44}{seconds * 1000:>8.1f}")
         if options.no_docker or shutil.which("docker") is None:
-            return
+            # Every command ran with check=True: one that failed stopped the benchmark with exit 1.
+            return verdict.finish()
         from cli_baseline import cli_command  # benchmarks/ is the script's directory
 
         from executor.policy import ExecutorPolicy
@@ -206,6 +218,8 @@ def main() -> None:
             exec_medians,
             "docker run --rm (the node's flags)",
             1.5,
+            verdict,
+            targeted={"edgecoder exec print(1) --sandbox docker"},
         )
         print("\n  slowest imports of `edgecoder exec` (cumulative ms):")
         for name, seconds in import_breakdown(["exec", "--language", "python", "--code-file", str(code)]):
@@ -215,7 +229,8 @@ def main() -> None:
             print(f"    {name:<44}{seconds * 1000:>8.1f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return verdict.finish()  # every command ran with check=True: one that failed stopped it with exit 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -67,3 +67,31 @@ def test_every_skip_goes_through_skip_or_fail() -> None:
         if skips.search(line)
     ]
     assert found == [], "\n".join(found)
+
+
+def test_make_bench_runs_every_benchmark() -> None:
+    """Every script in benchmarks/ that runs on its own is in the Makefile's BENCHMARKS, which `make bench` runs."""
+    benchmarks = TESTS.parent / "benchmarks"
+    parts = {"sdk_floor"}  # run by bench_startup.py with its arguments, not on its own
+    runnable = {
+        path.stem
+        for path in benchmarks.glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text() and path.stem not in parts
+    }
+    makefile = (TESTS.parent / "Makefile").read_text()
+    listed = re.search(r"^BENCHMARKS := ((?:.*\\\n)*.*)$", makefile, re.M)
+    assert listed is not None, "no BENCHMARKS list in the Makefile"
+    assert set(listed.group(1).replace("\\", " ").split()) == runnable
+
+
+def test_every_benchmark_ends_with_a_verdict() -> None:
+    """Each prints "met" or "not met" per target and exits 1 when its run was broken (benchmarks/verdict.py)."""
+    benchmarks = TESTS.parent / "benchmarks"
+    without = [
+        path.name
+        for path in sorted(benchmarks.glob("*.py"))
+        if 'if __name__ == "__main__":' in path.read_text()
+        and path.stem != "sdk_floor"
+        and "verdict.finish()" not in path.read_text()
+    ]
+    assert without == [], without

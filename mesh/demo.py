@@ -1,8 +1,9 @@
 """`edgecoder demo`: a small mesh on loopback in one process, running real signed offers in Docker.
 
-It shows the four things a user should see: a gossip offer claimed and run exactly once, a direct offer, a BLE offer
-from a simulated nearby laptop, and what the mesh refuses (a node without a sandbox, host execution, a tampered
-offer), each with its reason code and timing.
+It shows the four things a user should see: a gossip offer claimed and run exactly once (sealed: what a node that
+only listens to the offers topic saw is shown too), a direct offer, a BLE offer from a simulated nearby laptop, and
+what the mesh refuses (a node without a sandbox, host execution, a tampered offer), each with its reason code and
+timing.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
 from executor.contract import Limits
 from mesh.node import MeshNode, NodeConfig
 from mesh.offerer import OfferOutcome
+from transports.wire.codec import pack
 from transports.wire.identity import NodeIdentity
 from transports.wire.offers import TaskOffer, parse_offer
 from transports.wire.peerid import ed25519_peer_id
@@ -142,15 +145,31 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         )
 
         print("\nOffers that run (each in a fresh container: no network, read-only root, a uid of its own):")
+        heard = _listen(refuser)
         offer = laptop.make_offer(language="python", code=SUM_PY, input={"xs": list(range(1, 101))})
         outcome, ms = await _timed(lambda: laptop.offer_gossip(offer, timeout=30))
-        _line("gossip offer, claimed by one node", outcome, ms, names)
+        _line("gossip offer, sealed, claimed by one", outcome, ms, names)
         ran = sum(n.ran.count(open_offer_id(offer)) for n in nodes)
         print(
             f"  {'':<36} └ ran on exactly {ran} node(s); claim requests {outcome.claim_requests} "
             f"(only invitees claim), refused {outcome.claims_refused}"
         )
         expect(outcome.ok and ran == 1, "the gossip offer runs exactly once")
+        # The no-sandbox node is in the offers mesh and relays every offer: what did it see of this one?
+        secrets = (SUM_PY.encode(), pack({"xs": list(range(1, 101))}))
+        exposed = [data for data in heard if any(secret in data for secret in secrets)]
+        terms = [parse_offer(data).offer.sealed for data in heard]
+        print(
+            f"  {'':<36} └ a listener on the offers topic received {len(heard)} pubsub message(s), "
+            f"{sum(map(len, heard))} bytes, for a {len(SUM_PY) + len(secrets[1])}-byte payload"
+        )
+        if terms and terms[0] is not None:
+            print(
+                f"  {'':<36} └ it saw: sealed, code {terms[0].code_size} bytes, sha256 "
+                f"{terms[0].code_digest.hex()[:16]}…, input {terms[0].input_size} bytes; "
+                f"the code or input itself in {len(exposed)} of them"
+            )
+        expect(bool(heard) and not exposed and all(terms), "a listener never sees a sealed offer's code or input")
         expect_output(outcome, SUM_OF_1_TO_100, "the gossip offer sums 1 to 100")
 
         direct = laptop.make_offer(to=nodes[-1].peer_id, language="javascript", code=FIB_JS, input={"n": 90})
@@ -222,6 +241,20 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         return 1
     print("\nEvery expectation held. Containers left behind: none (each node removes its own on exit).")
     return 0
+
+
+def _listen(node: MeshNode) -> list[bytes]:
+    """The data of every pubsub message `node` receives from a peer from now on (a listener's view of gossip)."""
+    heard: list[bytes] = []
+    pubsub: Any = node.gossip.pubsub
+    push = pubsub.push_msg
+
+    async def listening(forwarder: Any, msg: Any) -> None:
+        heard.append(bytes(msg.data))
+        await push(forwarder, msg)
+
+    pubsub.push_msg = listening
+    return heard
 
 
 def open_offer_id(raw: bytes) -> bytes:

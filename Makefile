@@ -38,6 +38,8 @@ bench: setup
 		if [ -n "$$broken" ]; then echo "broken runs:$$broken"; exit 1; fi
 
 # Coverage-guided fuzzing of every parser that takes bytes from a peer: 1,000,000 inputs, with the totals. Every
-# input that fails is added to tests/fuzz/corpus/, which `make test` replays (tests/test_fuzz_slice.py).
+# input that fails is added to tests/fuzz/corpus/, which `make test` replays (tests/test_fuzz_slice.py). Then the
+# BLE mutation harness, 100,000 inputs per target (the suite runs 20,000: tests/test_ble_fuzz.py).
 fuzz: setup
 	$(BIN)/python -m tests.fuzz --inputs 1000000
+	$(BIN)/python -m tests.ble_fuzz --inputs 100000

@@ -2,8 +2,8 @@
 
 * Hypothesis, seeded from real messages: the reassembler, the decoders and the offering side's write handler are
   total (only typed `BleFault`s, or nothing, come out), and their buffers stay within their caps.
-* The mutation harness of `tests/ble_fuzz.py`: a quick slice here; 100,000 inputs per target in the slow test and in
-  `python -m tests.ble_fuzz --inputs 100000`.
+* The mutation harness of `tests/ble_fuzz.py`: a quick slice here, 20,000 inputs per target with the growth check in
+  the slow test, and the 100,000-input campaign in `make fuzz` (`python -m tests.ble_fuzz --inputs 100000`).
 """
 
 from __future__ import annotations
@@ -121,17 +121,19 @@ def test_a_quick_slice_of_the_mutation_fuzz() -> None:
 
 
 @pytest.mark.slow
-def test_one_hundred_thousand_inputs_per_target_no_crash_no_unbounded_growth() -> None:
+def test_twenty_thousand_inputs_per_target_no_crash_no_unbounded_growth() -> None:
     """In a process of its own: tracemalloc counts every thread's allocations, and a test process has the threads
-    other tests left (their memory is not the fuzz's)."""
+    other tests left (their memory is not the fuzz's). 20,000 inputs per target with a fixed seed: the growth after
+    the first tenth is what a per-input leak shows in (1 MB bound: 55 B per input), and the 100,000-input campaign
+    (about 45 s on two cores) runs in `make fuzz`."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.ble_fuzz", "--inputs", "100000", "--seed", "1"],
+        [sys.executable, "-m", "tests.ble_fuzz", "--inputs", "20000", "--seed", "1"],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("100000 inputs, 0 crashes, 0 violations") == 2, proc.stdout
+    assert proc.stdout.count("20000 inputs, 0 crashes, 0 violations") == 2, proc.stdout
 
 
 def test_a_non_ed25519_claimant_identity_generates_no_crash() -> None:

@@ -49,12 +49,13 @@ async def test_remote_host_run_is_refused_and_starts_nothing(
     monkeypatch: pytest.MonkeyPatch, docker_api: docker.APIClient, node_label: str
 ) -> None:
     async with Executor.open(POLICY, node_label=node_label) as ex:
-        before = docker_api.containers(all=True)
+        # This executor's containers only: the daemon is shared with parallel workers and other runs.
+        before = containers_of(docker_api, node_label)
         spy = ProcessSpy(monkeypatch)
         starts: list[Any] = []
         monkeypatch.setattr(ex.sandbox, "start", lambda *a, **k: starts.append(a))
         result = await ex.run_code(ExecRequest("python", "print('hi')"), sandbox="host")
-        after = docker_api.containers(all=True)
+        after = containers_of(docker_api, node_label)
     assert result == ExecResult(
         ok=False,
         stderr=SANDBOX_REQUIRED,

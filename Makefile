@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 demo: setup
 	$(BIN)/edgecoder demo
 
-test: setup lint unit docs
+# The docs' strict build is a test of its own (tests/test_docs.py), so `make test` does not build them twice.
+test: setup lint unit
 
 setup:
 	@scripts/setup.sh
@@ -17,12 +18,19 @@ lint:
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-unit:
-	$(BIN)/pytest
+# The whole suite over one pytest-xdist worker per core. A worker takes a whole module at a time (`loadfile`), so a
+# module's shared set-up (a coordinator, a BLE node, a private dockerd) is made once; tests/conftest.py orders the
+# modules slow first. What the tests share is safe in parallel: containers carry a label per test, namespaces a
+# name per process, ports are picked free. `make unit WORKERS=0` runs it in one process (docs/development.md).
+WORKERS ?= auto
+XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# The developer's inner loop: no Docker, no namespaces, nothing slow (847 tests, under three minutes on two cores).
+unit:
+	$(BIN)/pytest $(XDIST)
+
+# The developer's inner loop: no Docker, no namespaces, nothing slow.
 quick:
-	$(BIN)/pytest -q -m "not slow and not docker and not netns and not interop"
+	$(BIN)/pytest -q $(XDIST) -m "not slow and not docker and not netns and not interop"
 
 docs:
 	@if [ -f mkdocs.yml ]; then NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir /tmp/edgecoder-site; fi

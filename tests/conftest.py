@@ -145,6 +145,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.docker)
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.slow)
+    # The modules that wait on processes, containers and namespaces first, the quick pure ones last: `make unit`
+    # (pytest-xdist, `--dist loadfile --no-loadscope-reorder`) hands out whole modules in this order, so that no
+    # worker is left running a long module at the end while the others are idle. A module's tests stay together and
+    # in their order (its module-scoped fixtures are set up once).
+    weight: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        weight[module] = min(weight.get(module, 2), _weight_of(item))
+    items.sort(key=lambda item: weight[item.nodeid.split("::", 1)[0]])
+
+
+def _weight_of(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow") is not None:
+        return 0
+    if any(item.get_closest_marker(m) is not None for m in ("netns", "docker", "gvisor", "interop")):
+        return 1
+    return 2
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

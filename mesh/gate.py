@@ -16,16 +16,17 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 import trio
+
+from mesh.peers import SandboxMode
 
 if TYPE_CHECKING:
     # The installed trio-stubs (which mypy prefers to trio's own hints) know TaskStatus only from trio_typing.
     from trio_typing import TaskStatus
 
-SandboxMode = Literal["docker", "none"]
 log = structlog.get_logger("edgecoder.gate")
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from executor.policy import ExecutorPolicy
-from mesh.gate import SandboxGate, SandboxMode
+from mesh.gate import SandboxGate
 from mesh.intake import IntakePolicy
 from mesh.invitations import INVITEES
+from mesh.peers import SandboxMode
 from transports.base import Transport
 from transports.hardening import Defences
 from transports.operator_addrs import listens_beyond_loopback

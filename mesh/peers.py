@@ -16,9 +16,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-SANDBOX_MODES = ("docker", "none")
+# What a node reports as its `sandboxMode` (to its neighbours, and to a coordinator when it registers): docker, it
+# runs remote work in the sandbox; none, it takes none. The node's gate (mesh/gate.py) decides which.
+SandboxMode = Literal["docker", "none"]
+SANDBOX_MODES: tuple[SandboxMode, ...] = ("docker", "none")
 MAX_TIERS = 4
 MAX_LANGUAGES = 8
 MAX_ADDRS = 8

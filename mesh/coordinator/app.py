@@ -31,8 +31,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mesh.coordinator.release import disposition_of
-from mesh.coordinator.store import SANDBOX_MODES, Caps, ClaimedTask, Database, SandboxMode, Store
+from mesh.coordinator.store import Caps, ClaimedTask, Database, Store
 from mesh.limits import RateLimiter
+from mesh.peers import SANDBOX_MODES, SandboxMode
 from transports.wire import agent_requests as signing
 from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
 from transports.wire.coordinator_errors import CoordinatorReason, Refused

@@ -20,8 +20,8 @@ from typing import Any, Literal, TypeVar
 
 import trio
 
-SandboxMode = Literal["docker", "none"]
-SANDBOX_MODES: tuple[SandboxMode, ...] = ("docker", "none")
+from mesh.peers import SANDBOX_MODES, SandboxMode
+
 TASK_STATES = ("queued", "claimed", "done", "failed", "expired")
 
 _SCHEMA = """

@@ -488,6 +488,9 @@ class MeshNode:
     def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
         return self.offerer.make_offer(to=to, invite=invite, **fields)
 
+    def sealed_direct(self, raw: bytes) -> bytes:
+        return self.offerer.sealed_direct(raw)
+
     async def offer_direct(self, peer: str, raw: bytes, *, cancel_on_stop: bool = False) -> OfferOutcome:
         return await self.offerer.offer_direct(peer, raw, cancel_on_stop=cancel_on_stop)
 

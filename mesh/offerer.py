@@ -28,6 +28,7 @@ from transports.wire.jobs import JobCancel
 from transports.wire.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, Audience, TaskOffer, now_ms, parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
 from transports.wire.results import TaskResult, open_result, result_digest
+from transports.wire.sealed import SealKey, direct_form, is_direct_form, open_direct_form
 
 log = structlog.get_logger("edgecoder.node")
 
@@ -112,12 +113,21 @@ class Offerer:
             fields["audience"] = Audience.claimed(list(invite))
         return TaskOffer.create(self.identity, **fields).sign(self.identity)
 
+    def sealed_direct(self, raw: bytes) -> bytes:
+        """Our clear offer as a direct offer frame in the envelope-plus-payload form (`transports.wire.sealed`): the
+        sealed offer and its payload, which the runner checks against the offer's digests, as a gossip runner checks
+        the payload its grant carried."""
+        offer = parse_offer(raw).offer
+        sealed = offer.sealed_with(SealKey().public).sign(self.identity)
+        return direct_form(sealed, offer.payload)
+
     async def offer_direct(self, peer: str, raw: bytes, *, cancel_on_stop: bool = False) -> OfferOutcome:
         """Send any bytes (tests send garbage on purpose) and verify whatever comes back. With `cancel_on_stop`, a
         caller that stops waiting (Ctrl-C) sends the offer's signed cancel on the stream instead of a bare abort."""
         cancel = None
+        offer_raw = _offer_of(raw)
         if cancel_on_stop:
-            offer_id = parse_offer(raw).offer.offer_id
+            offer_id = parse_offer(offer_raw).offer.offer_id
             cancel = JobCancel.create(self.identity, offer_id).sign(self.identity)
         answer = await self.direct.send_offer(peer, raw, cancel=cancel)
         if answer.refusal is not None or answer.result is None:
@@ -126,7 +136,7 @@ class Offerer:
             result = open_result(answer.result)
         except Rejected as rejected:
             return OfferOutcome(refusal=rejected.rejection)
-        if result.offer_digest != hashlib.sha256(raw).digest():
+        if result.offer_digest != hashlib.sha256(offer_raw).digest():
             return OfferOutcome(refusal=Rejection(Reason.MALFORMED, "the result names another offer"))
         # The result must come from the peer we sent the offer to, when the address names it.
         if "/p2p/" in peer and result.executor != public_key_of_peer_id(peer.rsplit("/p2p/", 1)[1]):
@@ -301,3 +311,14 @@ class Offerer:
                 expires_at_ms=issued + (offer.expires_at_ms - offer.issued_at_ms),
             )
         return dataclasses.replace(offer, **changes).sign(self.identity)
+
+
+def _offer_of(frame: bytes) -> bytes:
+    """The offer's wire bytes in a direct offer frame: the frame itself, or the offer of the envelope-plus-payload
+    form (what the result's digest names)."""
+    if not is_direct_form(frame):
+        return frame
+    try:
+        return open_direct_form(frame, max_size=len(frame))[0]
+    except Rejected:
+        return frame  # garbage on purpose: the peer refuses it

@@ -17,7 +17,7 @@ from tests.docker_support import sandbox_policy
 from transports.wire.identity import NodeIdentity
 from transports.wire.offers import TaskOffer, parse_offer
 from transports.wire.reasons import Reason, Rejection
-from transports.wire.sealed import SealKey, open_payload
+from transports.wire.sealed import Payload, SealKey, direct_form, open_payload
 
 MARKER = "sealed-marker-4d2f9a61"
 # Prints its input's marker and the length of its own source: the output proves the runner had both.
@@ -169,5 +169,29 @@ def test_only_the_granted_claimant_gets_the_payload_and_a_refused_one_gets_nothi
         assert desk.get(received.offer.offer_id) is not None
         job = desk.get(received.offer.offer_id)
         assert job is not None and len(job.job.grants) == 1
+
+    trio.run(main)
+
+
+# -- direct offers take the same envelope-plus-payload form ------------------------------------------------------
+
+
+def test_a_direct_offer_in_the_envelope_plus_payload_form_runs_and_a_mismatching_payload_runs_nothing() -> None:
+    async def main() -> None:
+        async with mesh(runners=1) as m:
+            offerer: MeshNode = m["offerer"]
+            runner: MeshNode = m["nodes"][0]
+            clear = offerer.make_offer(to=runner.peer_id, language="python", code=ECHO, input={"marker": MARKER})
+            outcome = await offerer.offer_direct(runner.addrs[0], offerer.sealed_direct(clear))
+            assert outcome.ok and outcome.result is not None, outcome.refusal
+            assert outcome.result.result.stdout == MARKER + "\n"
+            # Another payload than the offer's digests name: refused on the stream, nothing runs.
+            other = offerer.make_offer(to=runner.peer_id, language="python", code=ECHO, input={"marker": MARKER})
+            offer = parse_offer(other).offer
+            sealed = offer.sealed_with(SealKey().public).sign(offerer.identity)
+            frame = direct_form(sealed, Payload("print('not what was signed')", offer.input))
+            refused = await offerer.offer_direct(runner.addrs[0], frame)
+            assert refused.refusal is not None and refused.refusal.reason == Reason.PAYLOAD_MISMATCH
+            assert offer.offer_id not in runner.ran and len(runner.ran) == 1
 
     trio.run(main)

@@ -32,7 +32,7 @@ from transports.wire.jsontext import JsonError, parse_json
 from transports.wire.offers import TaskOffer, open_offer, parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
 from transports.wire.results import TaskResult, open_result
-from transports.wire.sealed import Payload, SealKey, open_payload, seal_payload
+from transports.wire.sealed import Payload, SealKey, direct_form, open_direct_form, open_payload, seal_payload
 
 Target = Callable[[bytes], None]
 
@@ -70,7 +70,12 @@ def sealed_payload(data: bytes) -> None:
     decoder, which the AEAD keeps random bytes from ever reaching."""
     terms = parse_offer(_SEALED_OFFER).offer.sealed
     assert terms is not None
-    for attempt in (lambda: open_payload(data, _SEALED_DIGEST, _SEAL_KEY, terms), lambda: Payload.decode(data)):
+    attempts = (
+        lambda: open_payload(data, _SEALED_DIGEST, _SEAL_KEY, terms),
+        lambda: Payload.decode(data),
+        lambda: open_direct_form(data, max_size=len(data) + 1),
+    )
+    for attempt in attempts:
         try:
             attempt()
         except Rejected:
@@ -267,6 +272,7 @@ def seeds() -> dict[str, list[bytes]]:
             seal_payload(_SEALED_PAYLOAD, _SEALED_DIGEST, _SEAL_KEY.public),
             _SEALED_PAYLOAD.encode(),
             Payload("x", None).encode(),
+            direct_form(_SEALED_OFFER, _SEALED_PAYLOAD),
         ],
         "jobs": [
             JobCancel.create(_IDENTITY, b"\x01" * 16).sign(_IDENTITY),

@@ -21,7 +21,9 @@ from transports.direct.messages import (
 )
 from transports.framing import FrameError, read_frame
 from transports.hardening.refusals import Refusal
-from transports.wire.reasons import Reason, Rejection
+from transports.wire.offers import parse_offer
+from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.sealed import Payload, is_direct_form, open_direct_form
 
 OFFER_PROTOCOL = "/edgecoder/offer/1.0.0"
 # Refusals for want of room: the peer is told when to try again, and held off until then.
@@ -65,6 +67,20 @@ class _OfferExchange:
             return True
 
 
+def _open_direct_form(frame: bytes, max_size: int) -> tuple[bytes, Payload] | Rejection:
+    """The offer and its payload, checked against the offer's signed digests (`payload_mismatch`); the offer's own
+    checks are the intake's, as for any offer."""
+    try:
+        raw, payload = open_direct_form(frame, max_size=max_size)
+        terms = parse_offer(raw).offer.sealed
+        if terms is None:
+            raise Rejected(Reason.MALFORMED, "direct offer: a payload comes only with a sealed offer")
+        payload.check(terms)
+    except Rejected as rejected:
+        return rejected.rejection
+    return raw, payload
+
+
 class OfferProtocol(DirectCore):
     async def _serve_offer(self, stream: INetStream) -> None:
         peer = remote_peer(stream)
@@ -81,8 +97,15 @@ class OfferProtocol(DirectCore):
         if not sink.participating:
             await self._refuse(stream, Rejection(Reason.SANDBOX_UNAVAILABLE, "this node is not taking offers"))
             return
+        payload: Payload | None = None
+        if is_direct_form(raw):  # a sealed offer and its payload: the same path as a granted gossip claim's
+            opened = _open_direct_form(raw, self.max_frame)
+            if isinstance(opened, Rejection):
+                await self._refuse(stream, opened)
+                return
+            raw, payload = opened
         exchange = _OfferExchange(stream)
-        delivery = Delivery(raw, "direct", sender=peer, reply=exchange.reply, direct=True)
+        delivery = Delivery(raw, "direct", sender=peer, reply=exchange.reply, direct=True, payload=payload)
         verdict = await sink.deliver(delivery)
         if not isinstance(verdict, Admitted):
             if verdict.reason in NO_ROOM:

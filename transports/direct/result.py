@@ -10,6 +10,7 @@ from transports.direct.core import DirectCore, SealedOfferDesk
 from transports.direct.messages import MAX_RESULT_FRAME, refusal_message, remote_peer
 from transports.wire.codec import unpack_strict
 from transports.wire.reasons import Reason, Rejected, Rejection
+from transports.wire.sealed import is_direct_form
 
 RESULT_PROTOCOL = "/edgecoder/result/1.0.0"
 
@@ -19,7 +20,7 @@ class ResultProtocol(DirectCore):
         raw = await self._read_request(stream, MAX_RESULT_FRAME)
         if raw is None:
             return
-        if raw[:1] in _MSGPACK_MAP_STARTS:  # a sealed result's request map; a signed result is an array
+        if is_direct_form(raw):  # a sealed result's request map; a signed result is an array
             try:
                 request = unpack_strict(raw, max_size=MAX_RESULT_FRAME)
             except Rejected as exc:
@@ -43,7 +44,3 @@ class ResultProtocol(DirectCore):
         if not isinstance(self.desk, SealedOfferDesk):
             return refusal_message(Rejection(Reason.MALFORMED, "no sealed offers here"))
         return await self._from_desk(self.desk.accept_sealed_result(offer_id, sealed, sender), "ack")
-
-
-# msgpack's map headers: fixmap, map16, map32.
-_MSGPACK_MAP_STARTS = frozenset(bytes([b]) for b in [*range(0x80, 0x90), 0xDE, 0xDF])

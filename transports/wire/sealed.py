@@ -50,6 +50,7 @@ MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 MAX_SEALED_PAYLOAD = MAX_PAYLOAD_BYTES + 64 + ENC_SIZE + TAG_SIZE
 _TERMS_FIELDS = frozenset({"codeDigest", "codeSize", "inputDigest", "inputSize", "key"})
 _PAYLOAD_FIELDS = frozenset({"code", "input"})
+_DIRECT_FIELDS = frozenset({"offer", "payload"})
 
 
 def sha256(data: bytes) -> bytes:
@@ -178,6 +179,31 @@ def open_payload(sealed: bytes, offer_digest: bytes, key: SealKey, terms: Sealed
     payload = Payload.decode(key.open(sealed, PAYLOAD_INFO + offer_digest))
     payload.check(terms)
     return payload
+
+
+def direct_form(offer_raw: bytes, payload: Payload) -> bytes:
+    """A sealed offer and its payload in one direct offer frame: `{"offer": bin, "payload": bin}`, the payload the
+    canonical msgpack map a grant carries sealed. The direct stream is Noise-encrypted to the one node the offer
+    names, so the payload needs no sealing of its own there; the runner checks it against the offer's digests."""
+    return pack({"offer": offer_raw, "payload": payload.encode()})
+
+
+def open_direct_form(frame: bytes, *, max_size: int) -> tuple[bytes, Payload]:
+    """The offer's wire bytes and the payload of a direct offer frame in the envelope-plus-payload form (the offer is
+    still to be checked, and the payload against it), or `Rejected`."""
+    value = unpack_strict(frame, max_size=max_size)
+    if type(value) is not dict:
+        raise Rejected(Reason.MALFORMED, "direct offer: not a map")
+    f = Fields(value, _DIRECT_FIELDS, "direct offer")
+    offer, payload = f.data.get("offer"), f.data.get("payload")
+    if type(offer) is not bytes or type(payload) is not bytes:
+        raise Rejected(Reason.MALFORMED, "direct offer: expected {offer: bytes, payload: bytes}")
+    return offer, Payload.decode(payload)
+
+
+def is_direct_form(frame: bytes) -> bool:
+    """A msgpack map (a signed offer is an array): fixmap, map16 or map32."""
+    return bool(frame) and (0x80 <= frame[0] <= 0x8F or frame[0] in (0xDE, 0xDF))
 
 
 def seal_result(result_raw: bytes, offer_digest: bytes, offerer_key: bytes) -> bytes:

@@ -81,4 +81,5 @@ def test_the_navigation_is_grouped_for_users() -> None:
         "Wire protocol",
         "Metrics and status",
         "Configuration keys",
+        "Reason codes",
     ]

@@ -22,38 +22,34 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from mesh.cli_common import (
+    EXIT_REFUSED,
+    InputError,
+    cause_of,
+    code_option,
+    emit,
+    input_option,
+    language_option,
+    load_identity,
+    parse_input,
+)
 from mesh.cli_settings import table_options, typed_flags
-from mesh.config_kinds import ConfigError
+from mesh.config_kinds import ConfigError, host_port
 from mesh.coordinator.settings import COORDINATOR_SETTINGS
 
 if TYPE_CHECKING:
     from mesh.coordinator.app import Settings
     from transports.wire.identity import NodeIdentity
 
-EXIT_REFUSED = 3
 # The states a task ends in (`mesh/coordinator/store.py`); `queued` and `claimed` are still moving.
 FINAL_STATES = ("done", "failed", "expired")
 
 
-class BadInput(click.ClickException):
-    exit_code = 2
-
-
 def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
-
-
-def _load_key(path: Path) -> NodeIdentity:
-    from transports.wire.identity import KeyFileError, NodeIdentity
-
     try:
-        return NodeIdentity.load(path)
-    except KeyFileError as exc:
-        raise BadInput(str(exc)) from None
+        return host_port(value)
+    except ValueError:
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}") from None
 
 
 async def _serve_until_signalled(db: Path, host: str, port: int, settings: Settings, key: NodeIdentity | None) -> None:
@@ -77,17 +73,6 @@ async def _serve_until_signalled(db: Path, host: str, port: int, settings: Setti
                 break
 
 
-def _first(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first(inner, kind)
-            if found is not None:
-                return found
-    return None
-
-
 @click.group("coordinator", invoke_without_command=True, context_settings={"show_default": False})
 @table_options(COORDINATOR_SETTINGS)
 @click.pass_context
@@ -106,21 +91,21 @@ def coordinator(ctx: click.Context, **params: Any) -> None:
     try:  # the coordinator reads no settings file: flags, then its variables, then the defaults
         v = resolve_table(COORDINATOR_SETTINGS, flags, read_config=False).values
     except ConfigError as exc:
-        raise BadInput(str(exc)) from None
+        raise InputError(str(exc)) from None
     db, listen, key = v["coordinator.db"], v["coordinator.listen"], v["coordinator.key_file"]
     if db is None or listen is None:
         raise click.UsageError("to serve, give --db FILE and --listen HOST:PORT (or use `coordinator submit`)")
     host, port = parse_listen(listen)
     if db.is_dir():
-        raise BadInput(f"--db {db} is a directory; give the SQLite file's path")
+        raise InputError(f"--db {db} is a directory; give the SQLite file's path")
     if key is not None and not key.exists():
-        raise BadInput(f"--key {key} does not exist; make one with: edgecoder keygen --out {key}")
-    identity = _load_key(key) if key is not None else None
+        raise InputError(f"--key {key} does not exist; make one with: edgecoder keygen --out {key}")
+    identity = load_identity(key) if key is not None else None
     from transports.wire.identity import public_key_of_peer_id
 
     trusted = frozenset(public_key_of_peer_id(p).hex() for p in v["coordinator.trusted_offerers"])
     if not db.parent.is_dir():
-        raise BadInput(f"--db {db}: directory {db.parent} does not exist; create it or pick another path")
+        raise InputError(f"--db {db}: directory {db.parent} does not exist; create it or pick another path")
     import trio
 
     from mesh.coordinator.app import Settings
@@ -159,11 +144,10 @@ def coordinator(ctx: click.Context, **params: Any) -> None:
     try:
         trio.run(_serve_until_signalled, db, host, port, settings, identity)
     except Exception as exc:
-        if (found := _first(exc, sqlite3.Error)) is not None:
-            raise BadInput(f"--db {db} cannot be used as the coordinator's SQLite file: {found}") from None
-        if (os_error := _first(exc, OSError)) is not None:
-            assert isinstance(os_error, OSError)
-            raise BadInput(
+        if (found := cause_of(exc, (sqlite3.Error,))) is not None:
+            raise InputError(f"--db {db} cannot be used as the coordinator's SQLite file: {found}") from None
+        if (os_error := cause_of(exc, (OSError,))) is not None:
+            raise InputError(
                 f"cannot serve on {listen}: {os_error.strerror or os_error}; pick another --listen"
             ) from None
         raise
@@ -178,48 +162,26 @@ def _read_code(path: Path, max_chars: int) -> str:
     try:
         size = path.stat().st_size
     except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
     if size > max_chars * 4:
-        raise BadInput(f"{path} is {size:,} bytes; an offer carries at most {max_chars:,} characters")
+        raise InputError(f"{path} is {size:,} bytes; an offer carries at most {max_chars:,} characters")
     try:
         code = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadInput(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise InputError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
     if len(code) > max_chars:
-        raise BadInput(f"{path} holds {len(code):,} characters; an offer carries at most {max_chars:,}")
+        raise InputError(f"{path} holds {len(code):,} characters; an offer carries at most {max_chars:,}")
     return code
-
-
-def _parse_input(text: str | None) -> Any:
-    if text is None:
-        return None
-    from transports.wire.codec import MAX_DEPTH, check_json_data
-    from transports.wire.jsontext import JsonError, parse_json
-    from transports.wire.reasons import Rejected
-
-    try:
-        value = parse_json(text, max_depth=MAX_DEPTH + 1)
-        check_json_data(value, "--input")
-    except JsonError as exc:
-        raise BadInput(f"--input is not JSON an offer can carry: {exc}") from None
-    except Rejected as exc:
-        raise BadInput(exc.rejection.detail) from None
-    return value
-
-
-def _emit(obj: dict[str, Any]) -> None:
-    click.echo(json.dumps(obj, separators=(",", ":")))
-    sys.stdout.flush()
 
 
 @coordinator.command("submit")
 @click.option("--url", required=True, metavar="URL", help="The coordinator's base URL (its ready line's `url`).")
 @click.option("--key", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The offerer's key file.")
-@click.option("--language", type=click.Choice(["python", "javascript"]), required=True)
-@click.option("--code-file", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--input", "input_json", default=None, help="JSON data for the program's stdin.")
+@language_option
+@code_option
+@input_option
 @click.option("--timeout-ms", type=click.IntRange(1, 3_600_000), default=5_000, show_default=True)
 @click.option("--memory-mb", type=click.IntRange(1, 65_536), default=128, show_default=True)
 @click.option(
@@ -258,14 +220,14 @@ def submit(
     try:
         base = coordinator_url(url)
     except ValueError as exc:
-        raise BadInput(f"--url: {exc}") from None
-    identity = _load_key(key)
+        raise InputError(f"--url: {exc}") from None
+    identity = load_identity(key)
     code = _read_code(code_file, MAX_CODE_CHARS)
     offer = TaskOffer.create(
         identity,
         language=language,  # type: ignore[arg-type]
         code=code,
-        input=_parse_input(input_json),
+        input=parse_input(input_json),
         limits=Limits(timeout_ms=timeout_ms, memory_mb=memory_mb),
         ttl_ms=ttl_s * 1000,
     )
@@ -273,7 +235,7 @@ def submit(
     from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
 
     if len(raw) > DEFAULT_MAX_MESSAGE_BYTES:  # checked before anything is sent
-        raise BadInput(
+        raise InputError(
             f"the signed offer is {len(raw):,} bytes; a coordinator takes at most {DEFAULT_MAX_MESSAGE_BYTES:,}"
         )
     import httpx
@@ -283,7 +245,7 @@ def submit(
         if answer.status_code != 201:
             _refused(answer)
         task_id = str(answer.json()["taskId"])
-        _emit({"taskId": task_id})
+        emit({"taskId": task_id})
         if not wait:
             return
         from transports.wire.agent_requests import sign_request
@@ -302,11 +264,11 @@ def submit(
                 if status["state"] in FINAL_STATES:
                     break
             if time.monotonic() > deadline:
-                _emit({"ok": False, "refusal": "timeout", "detail": f"task still {status['state']} after {wait_s:g} s"})
+                emit({"ok": False, "refusal": "timeout", "detail": f"task still {status['state']} after {wait_s:g} s"})
                 sys.exit(EXIT_REFUSED)
             time.sleep(0.25)
     if status["state"] != "done":
-        _emit(_refusal_line(status.get("reason") or status["state"], status.get("detail") or ""))
+        emit(_refusal_line(status.get("reason") or status["state"], status.get("detail") or ""))
         sys.exit(EXIT_REFUSED)
     _print_verified(status, raw, offer.offer_id, hashlib.sha256(raw).digest())
 
@@ -324,12 +286,12 @@ def _print_verified(status: dict[str, Any], raw: bytes, offer_id: bytes, digest:
         result = open_result(base64.b64decode(status["result"], validate=True), expect_executor=claimant)
     except (Rejected, ValueError, TypeError, KeyError) as exc:
         detail = exc.rejection.detail if isinstance(exc, Rejected) else f"{type(exc).__name__}: {exc}"
-        _emit({"ok": False, "refusal": "malformed", "detail": f"the result does not verify: {detail}"})
+        emit({"ok": False, "refusal": "malformed", "detail": f"the result does not verify: {detail}"})
         sys.exit(EXIT_REFUSED)
     if result.offer_id != offer_id or result.offer_digest != digest:
-        _emit({"ok": False, "refusal": "malformed", "detail": "the result names another offer"})
+        emit({"ok": False, "refusal": "malformed", "detail": "the result names another offer"})
         sys.exit(EXIT_REFUSED)
-    _emit({**result.to_json(), "executorPeerId": ed25519_peer_id(result.executor)})
+    emit({**result.to_json(), "executorPeerId": ed25519_peer_id(result.executor)})
     sys.exit(0 if result.result.ok else 1)
 
 
@@ -350,7 +312,7 @@ def _refused(response: Any) -> None:
         reason, detail = str(body["reason"]), str(body.get("detail", ""))
     except (ValueError, KeyError, TypeError):
         reason, detail = "http_error", f"{response.status_code}: {response.text[:200]}"
-    _emit(_refusal_line(reason, detail))
+    emit(_refusal_line(reason, detail))
     sys.exit(EXIT_REFUSED)
 
 

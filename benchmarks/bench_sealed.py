@@ -26,12 +26,14 @@ import contextlib
 import logging
 import random
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
 import trio
+from verdict import Verdict as BenchVerdict  # benchmarks/ is the script's directory
 
 from executor.contract import Limits
 from executor.policy import ExecutorPolicy
@@ -144,7 +146,7 @@ async def bench(offers: int, nodes: int) -> dict[str, dict[str, list[float]]]:
     return figures
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--offers", type=int, default=15)
     parser.add_argument("--nodes", type=int, default=16)
@@ -166,14 +168,14 @@ def main() -> None:
     print(f"pubsub RPCs the mesh could not parse: {mesh_figures['unparseable_rpcs'][0]:.0f}")
     ratio = rows["clear"][0] / rows["sealed"][0]
     print(f"bytes per offer, clear / sealed: {ratio:.1f}x")
-    bytes_met = ratio >= BYTES_TARGET
-    p50_met = rows["sealed"][1] <= rows["clear"][1]
-    print(f"target: >= {BYTES_TARGET:g}x fewer bytes sealed: {'met' if bytes_met else 'not met'}")
-    print(
-        f"target: sealed p50 no worse than clear ({rows['sealed'][1]:.1f} vs {rows['clear'][1]:.1f} ms): "
-        f"{'met' if p50_met else 'not met'}"
-    )
+    # Every result was checked as it came (a wrong or missing one stops the benchmark with exit 1).
+    verdict = BenchVerdict()
+    unparseable = mesh_figures["unparseable_rpcs"][0]
+    verdict.require(unparseable == 0, f"the mesh could not parse {unparseable:.0f} pubsub RPCs: offers arrived corrupt")
+    verdict.target("bytes per offer, clear / sealed", ratio, at_least=BYTES_TARGET, unit="x")
+    verdict.target("sealed p50 / clear p50", rows["sealed"][1] / rows["clear"][1], at_most=1.0, unit="x")
+    return verdict.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

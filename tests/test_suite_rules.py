@@ -81,7 +81,10 @@ def test_make_bench_runs_every_benchmark() -> None:
     makefile = (TESTS.parent / "Makefile").read_text()
     listed = re.search(r"^BENCHMARKS := ((?:.*\\\n)*.*)$", makefile, re.M)
     assert listed is not None, "no BENCHMARKS list in the Makefile"
-    assert set(listed.group(1).replace("\\", " ").split()) == runnable
+    missing = sorted(runnable - set(listed.group(1).replace("\\", " ").split()))
+    assert missing == [], f"add these to BENCHMARKS in the Makefile, so that make bench runs them: {missing}"
+    extra = sorted(set(listed.group(1).replace("\\", " ").split()) - runnable)
+    assert extra == [], f"BENCHMARKS lists scripts that are not runnable benchmarks: {extra}"
 
 
 def test_every_benchmark_ends_with_a_verdict() -> None:
@@ -94,4 +97,4 @@ def test_every_benchmark_ends_with_a_verdict() -> None:
         and path.stem != "sdk_floor"
         and "verdict.finish()" not in path.read_text()
     ]
-    assert without == [], without
+    assert without == [], f"end these with benchmarks/verdict.py (targets, require, sys.exit(finish())): {without}"

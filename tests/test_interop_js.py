@@ -27,15 +27,17 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
+from executor.contract import SANDBOX_REQUIRED
 from mesh.node import MeshNode, NodeConfig
 from tests.docker_support import sandbox_policy, wait_pool_ready
 from tests.interop.jspeer import JsPeer, JsPeerError, summed
+from transports.direct import OFFER_PROTOCOL
 from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
 from transports.p2p import DialError
 from transports.pubsub.tuning import IDONTWANT_THRESHOLD
-from transports.wire.codec import pack
+from transports.wire.codec import pack, unpack_strict
 from transports.wire.identity import NodeIdentity
-from transports.wire.offers import TaskOffer, parse_offer
+from transports.wire.offers import Audience, TaskOffer, parse_offer
 
 pytestmark = pytest.mark.interop
 
@@ -354,3 +356,31 @@ def test_an_mplex_only_js_peer_cannot_connect_and_our_node_keeps_serving(caplog:
 
 def _logged(caplog: pytest.LogCaptureFixture, peer_id: str) -> str:
     return next((r.getMessage() for r in caplog.records if peer_id in r.getMessage()), "")
+
+
+def test_a_js_client_following_the_documented_contract_gets_a_host_request_refused_as_the_seeds_run_result() -> None:
+    """Issue 22: a js-libp2p client that sends a remote offer asking for the host reads, on the offer stream, the
+    seed's result (ok false, stderr `sandbox_required_for_remote_task`, no process) beside the reason code."""
+
+    async def main() -> None:
+        async with our_node("docker") as ours, JsPeer.open() as js:
+            await js.dial(ours.addrs[0])
+            signer = NodeIdentity.generate()
+            raw = TaskOffer.create(
+                signer, language="python", code="print(1)", sandbox="host", audience=Audience.direct(ours.peer_id)
+            ).sign(signer)
+            framed = len(raw).to_bytes(4, "big") + raw
+            reply = await js.call("exchange", peer=ours.peer_id, protocol=OFFER_PROTOCOL, data=framed.hex())
+            answer = unpack_strict(bytes.fromhex(reply["answer"]), max_size=8192)
+            assert answer["type"] == "refusal" and answer["reason"] == SANDBOX_REQUIRED
+            result = answer["result"]
+            assert (result["ok"], result["stderr"], result["exitCode"], result["durationMs"]) == (
+                False,
+                SANDBOX_REQUIRED,
+                None,
+                0,
+            )
+            assert result["queueForCloud"] is True and result["queueReason"] == SANDBOX_REQUIRED
+            assert ours.intake.rejected[("direct", SANDBOX_REQUIRED)] == 1 and not ours.ran
+
+    trio.run(main)

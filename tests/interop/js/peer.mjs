@@ -4,7 +4,7 @@
 //
 // On start it prints {"event": "ready", "peerId": ..., "addrs": [...]}. Each command is one line
 // {"id": N, "cmd": NAME, ...args}; each answer is one line {"id": N, "ok": true, ...} or {"id": N, "ok": false, "error"}.
-// Commands: dial, identify, dialProtocol, connections, subscribe, unsubscribe, publish, received, control, mesh,
+// Commands: dial, identify, dialProtocol, exchange, connections, subscribe, unsubscribe, publish, received, control, mesh,
 // scores, stop. End of stdin stops the peer too.
 //
 // What it is built to show, and so how it is configured:
@@ -223,6 +223,25 @@ const commands = {
     const protocol = stream.protocol
     await stream.close()
     return { protocol }
+  },
+  // One exchange on a request/response protocol, as a client of docs/protocol.md writes it: the caller's bytes as
+  // they are (it frames them), then one length-prefixed answer frame read back, returned as hex without its prefix.
+  async exchange (args) {
+    const stream = await node.dialProtocol(target(args), args.protocol, {
+      signal: AbortSignal.timeout(args.timeoutMs ?? 10000)
+    })
+    const reading = (async () => {
+      let held = Buffer.alloc(0)
+      for await (const chunk of stream.source) {
+        held = Buffer.concat([held, chunk.subarray()])
+        if (held.length >= 4 && held.length >= 4 + held.readUInt32BE(0)) return held.subarray(4, 4 + held.readUInt32BE(0))
+      }
+      throw new Error(`the stream ended after ${held.length} bytes, before a whole answer frame`)
+    })()
+    await stream.sink([Buffer.from(args.data, 'hex')])
+    const answer = await reading
+    await stream.close()
+    return { answer: hex(answer) }
   },
   async connections () {
     return { connections: node.getConnections().map(describe) }

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from executor.contract import ErrorKind, ExecResult, QueueReason
 from transports.ble.reasons import AS_REASON, BleReason
@@ -179,3 +181,18 @@ def test_the_coordinators_offerer_prints_a_run_result_refusal_in_the_seeds_shape
     assert line["ok"] is False and line["refusal"] == "busy" and line["detail"] == "the task table is full"
     assert (line["queueForCloud"], line["queueReason"], line["exitCode"]) == (True, "busy", None)
     assert _refusal_line("unknown_task", "") == {"ok": False, "refusal": "unknown_task", "detail": ""}
+
+
+@settings(deadline=None, max_examples=200)  # no deadline: the machine is shared; the property is what counts
+@given(
+    reason=st.sampled_from(sorted(WIRE_REFUSALS)),
+    detail=st.text(max_size=700),
+    retry=st.none() | st.integers(1, 3_600_000),
+)
+def test_every_wire_refusal_round_trips_with_its_run_result(reason: Reason, detail: str, retry: int | None) -> None:
+    sent = Rejection(reason, detail, retry)
+    got = checked_answer(unpack_strict(pack(refusal_message(sent)), max_size=8192), "result")
+    assert isinstance(got, Rejection)
+    assert (got.reason, got.detail, got.retry_after_ms) == (reason, detail[:512], retry)
+    assert got.result == sent.result  # carried on the wire, equal to what the code alone gives
+    assert (got.result is None) == (reason not in RUN_RESULT_REFUSALS)

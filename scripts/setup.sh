@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make demo` and `make test`: quick when nothing needs doing.
-#  - on Debian as root: the missing system packages (docker.io, iptables, debootstrap, libgmp-dev, runsc)
+#  - on Debian as root: the missing system packages (docker.io, iptables, debootstrap, libgmp-dev, runsc), in the
+#    background while the venv installs
 #  - the venv and the package (reinstalled only when pyproject.toml changes)
 #  - dockerd, started when no daemon answers (root only; on a laptop, Docker is already running), with the gVisor
 #    runtime runsc registered in /etc/docker/daemon.json (scripts/start-dockerd.sh); a running daemon that lacks
@@ -13,6 +14,11 @@ cd "$(dirname "$0")/.."
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 is_root() { [ "$(id -u)" = 0 ]; }
 
+# The system packages and the venv are independent (minutes each on a fresh machine), so apt runs in the
+# background while pip installs; only libgmp-dev (fastecdsa builds against it when pip finds no wheel) must be
+# there before pip starts. dpkg's --force-unsafe-io skips the fsync after every file: a crash mid-install is
+# redone by the next run, and it saves much of the unpacking time on a slow disk.
+apt_pid="" apt_log=""
 if is_root && command -v apt-get >/dev/null; then
   missing=()
   for pkg in docker.io iptables debootstrap libgmp-dev runsc; do
@@ -20,10 +26,27 @@ if is_root && command -v apt-get >/dev/null; then
   done
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_log=$(mktemp /tmp/edgecoder-setup-apt.XXXXXX)
+    (
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o Dpkg::Options::=--force-unsafe-io "${missing[@]}"
+    ) >"$apt_log" 2>&1 &
+    apt_pid=$!
   fi
 fi
+apt_done() {
+  [ -n "$apt_pid" ] || return 0
+  if ! wait "$apt_pid"; then
+    cat "$apt_log" >&2
+    rm -f "$apt_log"
+    say "apt-get failed (above)"
+    exit 1
+  fi
+  apt_pid=""
+  rm -f "$apt_log"
+}
+case " ${missing[*]:-} " in *" libgmp-dev "*) apt_done ;; esac
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -50,6 +73,7 @@ else
   say "no npm: interop tests will skip (or fail under EDGECODER_REQUIRE_INTEROP=1)"
 fi
 
+apt_done  # dockerd, runsc and debootstrap are needed from here on
 docker_answers() { timeout 5 docker info >/dev/null 2>&1; }
 DAEMON_JSON=${EDGECODER_DAEMON_JSON:-/etc/docker/daemon.json}
 if ! docker_answers; then

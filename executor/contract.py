@@ -52,6 +52,9 @@ class QueueReason(enum.StrEnum):
     # A sealed offer's payload did not open, or was not the code and input the offer's digests name: nothing ran
     # (transports.wire.reasons has the same word).
     PAYLOAD_MISMATCH = "payload_mismatch"
+    # The run names a runtime this executor does not declare, or whose image is not built (the same word as
+    # transports.wire.reasons).
+    RUNTIME_UNAVAILABLE = "runtime_unavailable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 
 from executor.backends import TIERS, Tier, parse_tiers
 from executor.contract import LANGUAGES, Language, Limits
+from executor.runtimes import DEFAULT_RUNTIME, Runtime, check_runtimes
 from executor.seccomp import PROFILE_PATH
 
 DEFAULT_IMAGE = "edgecoder-sandbox:bookworm"
@@ -48,8 +50,14 @@ class ExecutorPolicy:
     # The isolation tiers this executor offers, weakest first (executor/backends/). A run goes to the weakest of
     # them that meets its minimum; with ("gvisor",) everything runs under gVisor.
     isolation: tuple[Tier, ...] = ("runc",)
+    # The runtimes declared beyond `python` (whose image is `image`): executor/runtimes.py. An offer names one of
+    # them or none (`python`); it never names an image.
+    runtimes: tuple[Runtime, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(r.name == DEFAULT_RUNTIME for r in self.runtimes):
+            raise ValueError(f"the {DEFAULT_RUNTIME!r} runtime is the policy's image, not a declared package list")
+        check_runtimes((self.runtime(DEFAULT_RUNTIME), *self.runtimes))  # type: ignore[arg-type]
         if (
             not self.isolation
             or any(t not in TIERS for t in self.isolation)
@@ -65,6 +73,24 @@ class ExecutorPolicy:
             raise ValueError(f"pool_languages must name some of {LANGUAGES}, not {self.pool_languages}")
         if self.clamp(self.pool_limits) != self.pool_limits:
             raise ValueError(f"pool_limits {self.pool_limits} lie outside the policy")
+
+    @property
+    def runtime_names(self) -> tuple[str, ...]:
+        return (DEFAULT_RUNTIME, *(r.name for r in self.runtimes))
+
+    def runtime(self, name: str) -> Runtime | None:
+        """The declared runtime called `name`, or None: nothing else ever runs."""
+        if name == DEFAULT_RUNTIME:
+            return Runtime(DEFAULT_RUNTIME, (), image=self.image)
+        return next((r for r in self.runtimes if r.name == name), None)
+
+    def for_runtime(self, name: str) -> ExecutorPolicy:
+        """This policy with the image of the declared runtime `name` (ValueError when it is not declared): every
+        hardening setting is the same under every runtime; only the image differs."""
+        runtime = self.runtime(name)
+        if runtime is None:
+            raise ValueError(f"runtime {name!r} is not declared here (declared: {', '.join(self.runtime_names)})")
+        return dataclasses.replace(self, image=runtime.image, runtimes=())
 
     def clamp(self, limits: Limits) -> Limits:
         """Requested limits forced into the policy's bounds. Non-finite cpus become the ceiling."""

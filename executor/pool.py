@@ -57,6 +57,8 @@ class WarmPool:
         self._returned = trio.Event()
         self._refill_scope: trio.CancelScope | None = None
         self._refill_stopped = trio.Event()
+        self._languages = languages
+        self._starting = False  # the head of `_to_start` is being started now
 
     @property
     def ready(self) -> int:
@@ -89,6 +91,24 @@ class WarmPool:
             self._discard(container)
         return None
 
+    def resize(self, size: int) -> None:
+        """Keep `size` containers from now on (executor/budget.py shares one budget among runtimes). Growing
+        starts the new ones in the refill; shrinking forgets the ones not yet started, then removes the oldest
+        ready ones (a container being started now is removed when it lands)."""
+        self.size = max(0, size)
+        excess = len(self._ready) + len(self._to_start) - self.size
+        while excess > 0 and len(self._to_start) > (1 if self._starting else 0):
+            self._to_start.pop()
+            excess -= 1
+        while excess > 0 and self._ready:
+            container = self._ready.popleft()
+            container.close()
+            self._discard(container)
+            excess -= 1
+        if excess < 0:
+            self._to_start.extend(islice(cycle(self._languages), -excess))
+            self._refill_wanted.set()
+
     def returned(self, container: StartedContainer) -> None:
         """The run on a container from `take` is over (the container itself is being removed)."""
         self._lent -= 1
@@ -109,6 +129,9 @@ class WarmPool:
         while True:
             while self._to_start:
                 await self._runs_returned()
+                if not self._to_start:  # shrunk to nothing meanwhile (resize)
+                    break
+                self._starting = True
                 try:
                     health = await self._sandbox.ensure_ready()
                     if not health.ok:
@@ -123,9 +146,13 @@ class WarmPool:
                     await trio.sleep(retry_s)
                     retry_s = min(retry_s * 2, RETRY_MAX_S)
                     continue
+                finally:
+                    self._starting = False
                 retry_s = RETRY_FIRST_S
                 self._to_start.popleft()
                 self._ready.append(container)
+                if len(self._ready) + len(self._to_start) > self.size:  # shrunk while it was being started
+                    self.resize(self.size)
             self._refill_wanted = trio.Event()
             await self._refill_wanted.wait()
 

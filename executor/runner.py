@@ -10,13 +10,15 @@ The order of decisions for a run is fixed, and every refusal happens before anyt
 3. code outside the subset is refused (`outside_subset`), as hygiene, when the policy says so. The check runs in
    the checker process (executor/checker.py), never on the Trio thread;
 4. limits are clamped into the policy;
-5. the isolation tier: the weakest the policy offers that meets the run's minimum (`isolation_insufficient` when
+5. the runtime: one the policy declares (`runtime_unavailable` otherwise; executor/runtimes.py);
+6. the isolation tier: the weakest the policy offers that meets the run's minimum (`isolation_insufficient` when
    none does), among those whose last canary passed (`sandbox_unavailable` when none has);
-6. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
-7. the run itself, in that tier's sandbox: pooled when the clamped memory and cpus match the pool's, cold
-   otherwise.
+7. admission: at most `max_concurrent` runs, at most `max_waiting` waiting, otherwise `busy` at once;
+8. the run itself, in that tier's and runtime's sandbox: pooled when the clamped memory and cpus match the pool's,
+   cold otherwise.
 
-Every tier has its sandbox (executor/sandbox.py, with its backend: executor/backends/) and its warm pool; they
+Every tier has a sandbox per runtime (executor/sandbox.py, with its backend: executor/backends/; the same policy
+but for the runtime's image) and a warm pool per runtime, whose sizes share one budget (executor/budget.py); they
 share the executor's line to the daemon, its slots and its checker.
 
 The executor owns a nursery: the pool refill and the removal of finished containers live there, and leaving the
@@ -35,6 +37,7 @@ import trio
 
 from executor import lazylog
 from executor.backends import Tier, backend_for, rank, weakest_meeting
+from executor.budget import WarmBudget
 from executor.checker import SubsetChecker
 from executor.containers import DOCKER_ERRORS
 from executor.contract import (
@@ -53,6 +56,7 @@ from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
 from executor.request import PreparedRequest, prepare_request
 from executor.runcontrol import RunControl
+from executor.runtimes import DEFAULT_RUNTIME
 from executor.sandbox import DockerSandbox
 from executor.subset import SubsetViolation
 
@@ -82,10 +86,17 @@ class Executor:
         sandboxes: dict[Tier, DockerSandbox],
         pools: dict[Tier, WarmPool],
         checker: SubsetChecker | None,
+        *,
+        runtime_sandboxes: dict[tuple[Tier, str], DockerSandbox] | None = None,
+        runtime_pools: dict[tuple[Tier, str], WarmPool] | None = None,
     ) -> None:
         self.policy = policy
-        self.sandboxes = sandboxes  # one per tier the policy offers
+        self.sandboxes = sandboxes  # one per tier the policy offers: the `python` runtime's
         self.pools = pools
+        # Every (tier, runtime): the `python` ones are the same objects as above.
+        self.runtime_sandboxes = runtime_sandboxes or {(t, DEFAULT_RUNTIME): s for t, s in sandboxes.items()}
+        self.runtime_pools = runtime_pools or {(t, DEFAULT_RUNTIME): p for t, p in pools.items()}
+        self._budgets = {tier: WarmBudget(pool.size, policy.runtime_names) for tier, pool in pools.items() if pool.size}
         self.checker = checker  # None when the policy switches the subset check off
         self._slots = trio.CapacityLimiter(policy.max_concurrent)
         self._in_flight = 0
@@ -118,25 +129,41 @@ class Executor:
                 await checker.start()
             async with trio.open_nursery() as nursery:
                 size = policy.pool_size if pool_size is None else pool_size
-                sandboxes: dict[Tier, DockerSandbox] = {}
-                pools: dict[Tier, WarmPool] = {}
+                runtime_sandboxes: dict[tuple[Tier, str], DockerSandbox] = {}
+                runtime_pools: dict[tuple[Tier, str], WarmPool] = {}
                 for tier in policy.isolation:
-                    sandboxes[tier] = DockerSandbox(
-                        policy,
-                        node_label=node_label,
-                        backend=backend_for(tier),
-                        docker_api=docker_api,
-                        background=nursery,
-                    )
-                    pools[tier] = WarmPool(sandboxes[tier], limits=policy.pool_limits, size=size)
-                executor = cls(policy, sandboxes, pools, checker)
+                    for name in policy.runtime_names:
+                        runtime_sandboxes[tier, name] = DockerSandbox(
+                            policy.for_runtime(name),
+                            node_label=node_label,
+                            backend=backend_for(tier),
+                            docker_api=docker_api,
+                            background=nursery,
+                        )
+                        # `python` holds the whole budget until another runtime is used (executor/budget.py).
+                        runtime_pools[tier, name] = WarmPool(
+                            runtime_sandboxes[tier, name],
+                            limits=policy.pool_limits,
+                            size=size if name == DEFAULT_RUNTIME else 0,
+                        )
+                sandboxes = {t: runtime_sandboxes[t, DEFAULT_RUNTIME] for t in policy.isolation}
+                pools = {t: runtime_pools[t, DEFAULT_RUNTIME] for t in policy.isolation}
+                executor = cls(
+                    policy,
+                    sandboxes,
+                    pools,
+                    checker,
+                    runtime_sandboxes=runtime_sandboxes,
+                    runtime_pools=runtime_pools,
+                )
                 # Every executor, a one-off `exec` too, sweeps what dead owners left; in the background, so the
                 # first run does not wait for it. It never touches a living owner's containers.
                 nursery.start_soon(executor._sweep)
                 try:
-                    for warm in pools.values():
-                        if warm.size:
+                    if size:
+                        for warm in runtime_pools.values():
                             await nursery.start(warm.keep_filled)
+                        nursery.start_soon(executor._release_idle)
                     yield executor
                 finally:
                     with trio.CancelScope(shield=True):
@@ -147,7 +174,7 @@ class Executor:
                         await executor._all_runs_ended()
                         if checker is not None:  # nothing is left to check: its exit overlaps the removals
                             await checker.aclose()
-                        for warm in pools.values():
+                        for warm in runtime_pools.values():
                             await warm.close()
                 # The nursery now waits for the removals still pending.
         finally:
@@ -180,12 +207,15 @@ class Executor:
         min_isolation: str | None = None,
         spare_warm: int = 0,
         control: RunControl | None = None,
+        runtime: str = DEFAULT_RUNTIME,
     ) -> ExecResult:
-        """Run `request`. `min_isolation` is the weakest tier the run accepts (an offer's `minIsolation`; None: any
-        the policy offers); the run goes to the weakest offered tier that meets it. `spare_warm` is how many warm
-        containers this run must leave in that tier's pool: when it would take one of the last ones, it starts cold
-        instead (the node keeps them for offerers it knows, see mesh/standing.py). `control` may stop the run, keeping
-        its output so far, and watch its output as it comes (executor/runcontrol.py)."""
+        """Run `request` under the declared `runtime` (an offer's `runtime`; anything undeclared is refused, and
+        nothing else chooses an image). `min_isolation` is the weakest tier the run accepts (an offer's
+        `minIsolation`; None: any the policy offers); the run goes to the weakest offered tier that meets it.
+        `spare_warm` is how many warm containers this run must leave in that tier's runtime's pool: when it would
+        take one of the last ones, it starts cold instead (the node keeps them for offerers it knows, see
+        mesh/standing.py). `control` may stop the run, keeping its output so far, and watch its output as it comes
+        (executor/runcontrol.py)."""
         if sandbox == "host" and origin != "local":
             return refusal(
                 SANDBOX_REQUIRED, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.SANDBOX_REQUIRED
@@ -199,7 +229,13 @@ class Executor:
             return _invalid(str(exc))
         tier = None
         if sandbox == "docker":
-            chosen = self._tier_for(min_isolation)
+            if self.policy.runtime(runtime) is None:
+                why = (
+                    f"{QueueReason.RUNTIME_UNAVAILABLE}: runtime {runtime[:64]!r} is not declared here (declared: "
+                    f"{', '.join(self.policy.runtime_names)})"
+                )
+                return refusal(why, error_kind=ErrorKind.EXECUTION_FAILED, queue_reason=QueueReason.RUNTIME_UNAVAILABLE)
+            chosen = self._tier_for(min_isolation, runtime)
             if isinstance(chosen, ExecResult):
                 return chosen
             tier = chosen
@@ -211,7 +247,7 @@ class Executor:
         # Hygiene for every run while the policy asks for it: remote offers by default, and the local user until
         # they pass `--no-subset`. Never the boundary: the container is.
         if self.checker is not None:
-            violation = await self._check_subset(request, tier)
+            violation = await self._check_subset(request, tier, runtime)
             if violation is not None:
                 where = "" if violation.line is None else f" (line {violation.line})"
                 return refusal(
@@ -224,27 +260,34 @@ class Executor:
             return _aborted(0)
         if self._slots.available_tokens == 0 and self._waiting >= self.policy.max_waiting:
             return refusal("executor busy", error_kind=ErrorKind.ABORTED, queue_reason=QueueReason.BUSY)
-        return await self._admitted(prepared, limits, tier=tier, spare_warm=spare_warm, control=control)
+        return await self._admitted(
+            prepared, limits, tier=tier, spare_warm=spare_warm, control=control, runtime=runtime
+        )
 
-    async def _check_subset(self, request: ExecRequest, tier: Tier | None) -> SubsetViolation | None:
+    async def _check_subset(self, request: ExecRequest, tier: Tier | None, runtime: str) -> SubsetViolation | None:
         """The subset check, while the tier's sandbox asks the daemon whether it is ready (ping, image, runtime):
         neither waits on the other, and a cold run starts as soon as both have answered. The health check only
         reads; nothing is created before the check has passed. Its verdict is kept (HEALTH_TTL_S) for the run."""
         assert self.checker is not None
         async with trio.open_nursery() as nursery:
             if tier is not None:
-                nursery.start_soon(self.sandboxes[tier].ensure_ready)
+                nursery.start_soon(self.runtime_sandboxes[tier, runtime].ensure_ready)
             return await self.checker.check(request.language, request.code)
 
-    def _tier_for(self, minimum: str | None) -> Tier | ExecResult:
-        """The weakest offered tier that meets `minimum` and whose canary has not failed, or the refusal."""
+    def _tier_for(self, minimum: str | None, runtime: str = DEFAULT_RUNTIME) -> Tier | ExecResult:
+        """The weakest offered tier that meets `minimum` and whose canaries (the tier's, and its `runtime`'s) have
+        not failed, or the refusal."""
         if weakest_meeting(self.policy.isolation, minimum) is None:
             why = (
                 f"{QueueReason.ISOLATION_INSUFFICIENT}: the run needs at least {minimum}; this executor offers "
                 f"{', '.join(self.policy.isolation)}"
             )
             return refusal(why, error_kind=ErrorKind.SANDBOX_VIOLATION, queue_reason=QueueReason.ISOLATION_INSUFFICIENT)
-        healthy = [t for t in self.policy.isolation if not self.sandboxes[t].withdrawn]
+        healthy = [
+            t
+            for t in self.policy.isolation
+            if not self.sandboxes[t].withdrawn and not self.runtime_sandboxes[t, runtime].withdrawn
+        ]
         tier = weakest_meeting(healthy, minimum)
         if tier is None:
             failed = "; ".join(
@@ -267,6 +310,7 @@ class Executor:
         tier: Tier | None,
         spare_warm: int = 0,
         control: RunControl | None = None,
+        runtime: str = DEFAULT_RUNTIME,
     ) -> ExecResult:
         started_at = trio.current_time()
         self._waiting += 1
@@ -285,10 +329,11 @@ class Executor:
                     from executor.host import run_on_host  # its subprocess machinery only for --sandbox host
 
                     return await run_on_host(request, limits, self.policy)
-                pool = self.pools[tier]
+                self._used(tier, runtime)
+                pool = self.runtime_pools[tier, runtime]
                 # A run told to spare the last warm ones starts cold (no source); any other asks the pool.
                 source = None if spare_warm and pool.ready <= spare_warm else pool
-                return await self.sandboxes[tier].run(request, limits, source=source, control=control)
+                return await self.runtime_sandboxes[tier, runtime].run(request, limits, source=source, control=control)
             # Only abort_all() or a stop before the start cancels this scope; the sandbox has killed and removed the
             # container.
             return _aborted(int((trio.current_time() - started_at) * 1000))
@@ -298,6 +343,24 @@ class Executor:
             self._slots.release()
             if self._in_flight == 0:
                 self._no_runs.set()
+
+    def _used(self, tier: Tier, runtime: str) -> None:
+        """A run of `runtime` on `tier`: the warm budget's shares follow the runtimes in use."""
+        budget = self._budgets.get(tier)
+        if budget is not None and budget.used(runtime, trio.current_time()):
+            self._share(tier, budget)
+
+    def _share(self, tier: Tier, budget: WarmBudget) -> None:
+        for name, size in budget.shares().items():
+            self.runtime_pools[tier, name].resize(size)
+
+    async def _release_idle(self) -> None:
+        """Give an idle runtime's share of the warm budget back, its containers removed."""
+        while True:
+            await trio.sleep(min(budget.idle_s for budget in self._budgets.values()) / 4 if self._budgets else 60)
+            for tier, budget in self._budgets.items():
+                if budget.expire(trio.current_time()):
+                    self._share(tier, budget)
 
     async def _all_runs_ended(self) -> None:
         await self._no_runs.wait()
@@ -318,29 +381,31 @@ class Executor:
         for scope in list(self._runs):
             scope.cancel()
 
-    async def health(self, tier: str | None = None) -> SandboxHealth:
-        """The daemon, the image and the tier's runtime (the weakest offered tier by default)."""
-        return await self._sandbox_of(tier).health()
+    async def health(self, tier: str | None = None, runtime: str = DEFAULT_RUNTIME) -> SandboxHealth:
+        """The daemon, the runtime's image and the tier's container runtime (the weakest offered tier by default)."""
+        return await self._sandbox_of(tier, runtime).health()
 
-    async def canary(self, tier: str | None = None) -> SandboxHealth:
-        """The tier's canary (executor/canary.py); a failure withdraws the tier from runs until one passes."""
-        return await self._sandbox_of(tier).canary()
+    async def canary(self, tier: str | None = None, runtime: str = DEFAULT_RUNTIME) -> SandboxHealth:
+        """The tier's canary (executor/canary.py) in `runtime`'s image; a failure withdraws that tier (for the
+        `python` runtime: the whole tier) from runs until one passes."""
+        return await self._sandbox_of(tier, runtime).canary()
 
-    def _sandbox_of(self, tier: str | None) -> DockerSandbox:
-        if tier is None:
-            return self.sandbox
+    def _sandbox_of(self, tier: str | None, runtime: str = DEFAULT_RUNTIME) -> DockerSandbox:
+        tier = tier or self.policy.isolation[0]
         if tier not in self.sandboxes:
             raise ValueError(f"this executor does not offer the {tier} tier (it offers {self.policy.isolation})")
-        return self.sandboxes[tier]  # type: ignore[index,unused-ignore]
+        if (tier, runtime) not in self.runtime_sandboxes:
+            raise ValueError(f"runtime {runtime!r} is not declared (declared: {', '.join(self.policy.runtime_names)})")
+        return self.runtime_sandboxes[tier, runtime]  # type: ignore[index,unused-ignore]
 
     def stats(self) -> ExecutorStats:
         return ExecutorStats(
-            pool_ready=sum(p.ready for p in self.pools.values()),
-            pool_size=sum(p.size for p in self.pools.values()),
+            pool_ready=sum(p.ready for p in self.runtime_pools.values()),
+            pool_size=sum(p.size for p in self.runtime_pools.values()),
             runs_in_flight=self._in_flight,
             waiting=self._waiting,
             max_concurrent=self.policy.max_concurrent,
-            pending_removals=sum(s.pending_removals for s in self.sandboxes.values()),
+            pending_removals=sum(s.pending_removals for s in self.runtime_sandboxes.values()),
         )
 
 
@@ -351,10 +416,13 @@ async def run_code(
     origin: str = "remote",
     policy: ExecutorPolicy | None = None,
     min_isolation: str | None = None,
+    runtime: str = DEFAULT_RUNTIME,
 ) -> ExecResult:
     """One run through a short-lived executor without a pool: for one-off CLI use."""
     async with Executor.open(policy, node_label=f"oneoff-{uuid.uuid4().hex[:12]}", pool_size=0) as executor:
-        return await executor.run_code(request, sandbox=sandbox, origin=origin, min_isolation=min_isolation)
+        return await executor.run_code(
+            request, sandbox=sandbox, origin=origin, min_isolation=min_isolation, runtime=runtime
+        )
 
 
 def _aborted(duration_ms: int) -> ExecResult:

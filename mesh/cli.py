@@ -11,6 +11,7 @@ tests/test_cli_startup.py pins which modules a bare import pulls in).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -267,22 +268,55 @@ def image() -> None:
 
 
 @image.command("build")
-@click.option("--tag", default=None, help="Image tag (default: $EDGECODER_IMAGE or edgecoder-sandbox:bookworm).")
-@click.option("--if-missing", is_flag=True, help="Do nothing when the image exists with user 65534.")
+@click.option(
+    "--tag",
+    default=None,
+    help="Image tag of the python runtime (default: $EDGECODER_IMAGE or edgecoder-sandbox:bookworm).",
+)
+@click.option(
+    "--runtime",
+    "runtime_names",
+    multiple=True,
+    metavar="NAME",
+    help="Build this declared runtime (repeatable; executor.runtimes in the settings). Default: python.",
+)
+@click.option("--all", "build_all", is_flag=True, help="Build every declared runtime.")
+@click.option(
+    "--if-missing", is_flag=True, help="Do nothing for an image present with user 65534 and its package list."
+)
 @click.option("--rebuild", is_flag=True, help="Ignore the cached root file system and run debootstrap again.")
-def image_build(tag: str | None, if_missing: bool, rebuild: bool) -> None:
-    """Build the sandbox image from Debian packages (no registry needed)."""
-    from executor.images import SANDBOX_USER, ImageError, build_image, image_user
-    from executor.policy import ExecutorPolicy
+@config_option
+def image_build(
+    tag: str | None,
+    runtime_names: tuple[str, ...],
+    build_all: bool,
+    if_missing: bool,
+    rebuild: bool,
+    config_file: Path | None,
+) -> None:
+    """Build sandbox images from Debian packages (no registry needed): one per runtime, cached by package list."""
+    from executor.images import ImageError, build_image, runtime_built
+    from mesh.config import node_settings, resolve
 
-    tag = tag or ExecutorPolicy.from_env().image
     try:
-        if if_missing and image_user(tag) == SANDBOX_USER:
-            click.echo(f"image {tag} is present (user {SANDBOX_USER})")
-            return
-        build_image(tag, progress=lambda line: click.echo(f"  {line}"), rebuild=rebuild)
-    except ImageError as exc:
-        raise click.ClickException(str(exc)) from None
+        policy = node_settings(resolve({}, config=config_file)).executor_policy
+    except (ConfigError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    if tag:
+        policy = dataclasses.replace(policy, image=tag)
+    names = policy.runtime_names if build_all else runtime_names or ("python",)
+    for name in names:
+        runtime = policy.runtime(name)
+        if runtime is None:
+            raise InputError(f"runtime {name!r} is not declared (declared: {', '.join(policy.runtime_names)})")
+        try:
+            if if_missing and runtime_built(runtime):
+                click.echo(f"runtime {name}: image {runtime.image} is present (user 65534, packages listed)")
+                continue
+            click.echo(f"runtime {name}: building {runtime.image}")
+            build_image(runtime.image, runtime=runtime, progress=lambda line: click.echo(f"  {line}"), rebuild=rebuild)
+        except ImageError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 @main.command()

@@ -173,6 +173,14 @@ SETTINGS: tuple[Setting, ...] = (
         "executor.image", Text("a Docker image tag"), "edgecoder-sandbox:bookworm", "The sandbox image.", "--image"
     ),
     Setting(
+        "executor.runtimes",
+        ListOf(Text("NAME (python, python-science) or NAME=DEBIAN-PACKAGE ...", lambda t: _runtime(t))),
+        ("python", "python-science"),
+        "The runtimes offered (docs/runtimes.md): python is the image above; python-science adds numpy, scipy, "
+        "pandas, scikit-learn, sympy and networkx; NAME=PKG PKG ... declares one of Debian packages.",
+        "--runtime",
+    ),
+    Setting(
         "executor.seccomp_profile",
         PathKind(),
         None,
@@ -317,6 +325,14 @@ SETTINGS: tuple[Setting, ...] = (
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
 
+def _runtime(text: str) -> str:
+    """The declaration's text, once it parses (node_settings makes the runtimes)."""
+    from executor.runtimes import parse_runtime
+
+    parse_runtime(text)
+    return text.strip()
+
+
 def _language(text: str) -> str:
     value = text.strip().lower()
     if value not in _languages():
@@ -385,6 +401,7 @@ def node_settings(resolved: Resolved) -> NodeSettings:
     v = resolved.values
     from executor.backends import parse_tiers
     from executor.policy import MIN_CPUS
+    from executor.runtimes import DEFAULT_RUNTIME, parse_runtime
     from executor.seccomp import PROFILE_PATH
 
     policy = ExecutorPolicy(
@@ -399,6 +416,7 @@ def node_settings(resolved: Resolved) -> NodeSettings:
         max_concurrent=v["executor.concurrency"],
         pool_size=v["executor.pool_size"],
         isolation=parse_tiers(v["executor.isolation"]),
+        runtimes=tuple(r for r in map(parse_runtime, v["executor.runtimes"]) if r.name != DEFAULT_RUNTIME),
     )
     # The warm pool's containers are made with default limits, forced into the operator's ceilings.
     policy = replace(policy, pool_limits=policy.clamp(Limits()))

@@ -9,6 +9,7 @@ import trio
 
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
+from executor.runtimes import Runtime
 
 
 def sandbox_policy(**changes: object) -> ExecutorPolicy:
@@ -32,6 +33,7 @@ import sys, trio
 from executor.contract import ExecRequest, Limits
 from executor.policy import ExecutorPolicy
 from executor.runner import Executor
+from executor.runtimes import Runtime
 
 label, pool_size, timeout_ms, code = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
@@ -74,3 +76,20 @@ async def kill_process(process: trio.Process) -> None:
     await process.wait()
     if process.stdout is not None:
         await process.stdout.aclose()
+
+
+# The smallest real package set that proves runtimes: numpy and its BLAS. python-science (scipy, pandas, sklearn...)
+# is built the same way and measured by benchmarks/bench_runtimes.py, not in the suite: about ten minutes cold here.
+NUMPY_RUNTIME = Runtime("python-numpy", ("python3-numpy",))
+
+
+def build_numpy_runtime() -> str | None:
+    """Build NUMPY_RUNTIME's image unless it is there (cached by its package list); None, or why it cannot be."""
+    from executor.images import ImageError, build_image, runtime_built
+
+    try:
+        if not runtime_built(NUMPY_RUNTIME):
+            build_image(NUMPY_RUNTIME.image, runtime=NUMPY_RUNTIME, progress=lambda _line: None)
+    except ImageError as exc:
+        return f"cannot build the {NUMPY_RUNTIME.name} runtime: {exc}"
+    return None

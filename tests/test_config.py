@@ -29,10 +29,12 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_are_the_node_s_own(tmp_path: Path) -> None:
     from executor.policy import ExecutorPolicy
+    from executor.runtimes import science_runtime
     from mesh.intake import IntakePolicy
 
     settings = node_settings(resolve({}, environ={}))
-    assert settings.executor_policy == ExecutorPolicy()
+    # A node declares python-science by default; the executor's own default is the python runtime alone.
+    assert settings.executor_policy == ExecutorPolicy(runtimes=(science_runtime(),))
     assert settings.intake_policy == IntakePolicy()
     assert all(source.kind == "default" for _, _, source in resolve({}, environ={}).rows())
 

@@ -117,3 +117,13 @@ def test_the_warm_budget_is_never_exceeded(total: int, uses: list[str]) -> None:
         shares = budget.shares()
         assert sum(shares.values()) == total
         assert all(shares[r] == 0 for r in shares if r not in budget.in_use)
+
+
+def test_the_settings_declare_runtimes_and_refuse_bad_ones_with_the_key(tmp_path: object) -> None:
+    from mesh.config import ConfigError, node_settings, resolve
+
+    policy = node_settings(resolve({}, environ={"EDGECODER_RUNTIMES": "python,geo=python3-shapely"})).executor_policy
+    assert policy.runtime_names == ("python", "geo")
+    assert policy.runtime("geo") == Runtime("geo", ("python3-shapely",))
+    with pytest.raises(ConfigError, match=r"executor\.runtimes"):
+        resolve({}, environ={"EDGECODER_RUNTIMES": "geo=evil;rm"})

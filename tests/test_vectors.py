@@ -19,6 +19,7 @@ from transports.direct import checked_answer, refusal_message
 from transports.wire.codec import Domain, pack, unpack_strict
 from transports.wire.identity import NodeIdentity
 from transports.wire.jobs import JobCancel, JobProgress, OutputChunk, StreamDigest, open_cancel, open_progress
+from transports.wire.needs import Needs, Resources
 from transports.wire.offers import Audience, TaskOffer, open_offer
 from transports.wire.reasons import Reason, Rejection
 from transports.wire.results import TaskResult, open_result
@@ -75,6 +76,14 @@ def build() -> dict[str, dict[str, Any]]:
     sealed_v3 = dataclasses.replace(
         offer, version=3, offer_id=bytes(range(48, 64)), audience=Audience.claimed()
     ).sealed_with(SealKey.from_private_bytes(OFFER_SEAL_PRIVATE).public)
+    # Version 3 with needs: the python-science runtime pinned to one package set, 2 cores, 1 GiB, x86_64, claimed.
+    v3_runtime = dataclasses.replace(
+        offer,
+        version=3,
+        offer_id=bytes(range(48, 64)),
+        audience=Audience.claimed(),
+        needs=Needs("python-science", "ab" * 32, Resources(cores=2, memory_mb=1024, arch="x86_64")),
+    )
     streamed = TaskResult(
         offer_id=v3.offer_id,
         offer_digest=open_offer(v3_wire, now=ISSUED).digest,
@@ -135,6 +144,7 @@ def build() -> dict[str, dict[str, Any]]:
         "offer-v2-invited-gvisor": vector(Domain.OFFER, OFFERER_SEED, invited_v2.sign(offerer)),
         "offer-v3-followed-retry": vector(Domain.OFFER, OFFERER_SEED, v3_wire),
         "offer-v3-sealed": vector(Domain.OFFER, OFFERER_SEED, sealed_v3.sign(offerer)),
+        "offer-v3-runtime": vector(Domain.OFFER, OFFERER_SEED, v3_runtime.sign(offerer)),
         "result-v1": vector(Domain.RESULT, EXECUTOR_SEED, result.sign(executor)),
         "result-v2-streamed": vector(Domain.RESULT, EXECUTOR_SEED, streamed.sign(executor)),
         "result-timeout-v1": vector(Domain.RESULT, EXECUTOR_SEED, failed.sign(executor)),
@@ -172,6 +182,10 @@ def test_committed_vectors_decode_and_verify() -> None:
     )
     assert v3.offer.version == 3 and v3.offer.attempt == 2 and v3.offer.follow
     assert v3.offer.queue_deadline_ms == ISSUED + 30_000
+    assert v3.offer.needs == Needs()  # a v3 offer that needs nothing carries none of the needs' fields
+    runtime = open_offer(bytes.fromhex(json.loads((VECTORS / "offer-v3-runtime.json").read_text())["wire"]), now=ISSUED)
+    assert runtime.offer.needs.runtime == "python-science" and runtime.offer.needs.runtime_digest == "ab" * 32
+    assert runtime.offer.needs.resources == Resources(cores=2, memory_mb=1024, arch="x86_64")
     streamed = json.loads((VECTORS / "result-v2-streamed.json").read_text())
     opened = open_result(bytes.fromhex(streamed["wire"]), expect_executor=bytes.fromhex(streamed["publicKey"]))
     assert opened.version == 2 and opened.attempt == 2 and opened.stream_digest == bytes(range(32))

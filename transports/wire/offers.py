@@ -10,8 +10,9 @@ offerer accepts). Version 3 (the version this round's features share: jobs, runt
 here) adds the job's lifecycle: `attempt` (which try of one job this issue is, 1 first; a re-offer after a runner's
 fault counts up), `queueDeadlineMs` (the Unix time in ms until which a busy runner may hold the offer in its queue
 instead of refusing `busy`; null: refuse at once) and `follow` (the offerer wants the program's output as it comes,
-on the stream the offer came on). Versions 1 and 2 are still accepted, with no audience (v1), no minimum (v1), first
-attempt, no queueing and no stream.
+on the stream the offer came on), and what it needs of its runner: `runtime`, `runtimeDigest` and `minResources`
+(transports/wire/needs.py; on the wire only when set). Versions 1 and 2 are still accepted, with no audience (v1),
+no minimum (v1), first attempt, no queueing, no stream and no needs (the `python` runtime, on any node).
 
 Results, the answers to offers, are in transports/wire/results.py.
 
@@ -37,6 +38,7 @@ from executor.contract import (
 )
 from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Domain, Envelope, Fields, now_ms, open_envelope, seal
 from transports.wire.identity import PUBLIC_KEY_SIZE, NodeIdentity
+from transports.wire.needs import NEED_FIELDS, Needs
 from transports.wire.reasons import Reason, Rejected
 from transports.wire.sealed import Payload, SealedTerms
 
@@ -75,7 +77,7 @@ _OFFER_FIELDS = frozenset(
     }
 )
 _OFFER_FIELDS_V2 = _OFFER_FIELDS | {"audience", "minIsolation"}
-_OFFER_FIELDS_V3 = _OFFER_FIELDS_V2 | {"attempt", "queueDeadlineMs", "follow", "sealed"}
+_OFFER_FIELDS_V3 = _OFFER_FIELDS_V2 | {"attempt", "queueDeadlineMs", "follow", "sealed"} | NEED_FIELDS
 _OFFER_FIELDS_BY_VERSION = {1: _OFFER_FIELDS, 2: _OFFER_FIELDS_V2, 3: _OFFER_FIELDS_V3}
 _LIMIT_FIELDS = frozenset({"timeoutMs", "memoryMb", "milliCpus"})
 
@@ -170,6 +172,8 @@ class TaskOffer:
     follow: bool = False
     # v3: the terms of a sealed offer, whose `code` is then "" and `input` None (the payload comes after the grant).
     sealed: SealedTerms | None = None
+    # v3: the runtime (by name, optionally by digest) and the minimum resources it needs; empty: `python`, any node.
+    needs: Needs = field(default_factory=Needs)
     version: int = OFFER_VERSION
 
     @classmethod
@@ -190,6 +194,7 @@ class TaskOffer:
         attempt: int = 1,
         queue_deadline_ms: int | None = None,
         follow: bool = False,
+        needs: Needs | None = None,
     ) -> TaskOffer:
         """A version 3 offer; `audience` defaults to claimed by anyone (gossip, BLE, a coordinator)."""
         if min_isolation is not None and min_isolation not in ISOLATION_TIERS:
@@ -213,6 +218,7 @@ class TaskOffer:
             attempt=attempt,
             queue_deadline_ms=queue_deadline_ms,
             follow=follow,
+            needs=needs or Needs(),
         )
 
     @property
@@ -264,6 +270,7 @@ class TaskOffer:
                 if self.version >= 3
                 else {}
             ),
+            **(self.needs.to_wire() if self.version >= 3 else {}),
         }
 
     def sign(self, identity: NodeIdentity) -> bytes:
@@ -275,6 +282,8 @@ class TaskOffer:
             raise ValueError("a version 1 or 2 offer carries no attempt, queueDeadlineMs or follow")
         if self.sealed is not None and (self.version < 3 or self.code or self.input is not None):
             raise ValueError("a sealed offer is version 3 and carries no code and no input")
+        if self.version < 3 and not self.needs.empty:
+            raise ValueError("a version 1 or 2 offer carries no runtime and no minResources")
         return seal(Domain.OFFER, self.to_wire_fields(), identity)
 
 
@@ -336,6 +345,7 @@ def parse_offer(raw: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> Rec
         queue_deadline_ms=None if version < 3 else f.opt_integer("queueDeadlineMs"),
         follow=False if version < 3 else f.boolean("follow"),
         sealed=sealed,
+        needs=Needs() if version < 3 else Needs.from_wire(envelope.fields),
     )
     if offer.expires_at_ms <= offer.issued_at_ms:
         raise Rejected(Reason.MALFORMED, "offer expires before it is issued")

@@ -39,6 +39,9 @@ class Reason(enum.StrEnum):
     WRONG_AUDIENCE = "wrong_audience"  # sent to another node, or came by a route its audience rules out
     NOT_INVITED = "not_invited"  # a claimed offer that invites only others
     ISOLATION_INSUFFICIENT = "isolation_insufficient"  # the offer needs a stronger sandbox tier than this node's
+    # v3 offers: the runtime and resources it needs (transports/wire/needs.py).
+    RUNTIME_UNAVAILABLE = "runtime_unavailable"  # not declared and built here, or built with another package set
+    RESOURCES_INSUFFICIENT = "resources_insufficient"  # fewer cores or less memory, another architecture, no GPU
     BUSY = "busy"
     SHUTTING_DOWN = "shutting_down"
     # Claims and results.

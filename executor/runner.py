@@ -33,6 +33,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import docker
+import docker.errors
 import trio
 
 from executor import lazylog
@@ -56,7 +58,7 @@ from executor.policy import ExecutorPolicy
 from executor.pool import WarmPool
 from executor.request import PreparedRequest, prepare_request
 from executor.runcontrol import RunControl
-from executor.runtimes import DEFAULT_RUNTIME
+from executor.runtimes import DEFAULT_RUNTIME, RuntimeInfo, runtime_info
 from executor.sandbox import DockerSandbox
 from executor.subset import SubsetViolation
 
@@ -105,6 +107,10 @@ class Executor:
         self._runs: set[trio.CancelScope] = set()
         self._no_runs = trio.Event()
         self._no_runs.set()
+        # The declared runtimes whose images are built, as `refresh_runtimes` last found them: what the node
+        # advertises. Empty until the first refresh.
+        self.built_runtimes: dict[str, RuntimeInfo] = {}
+        self._idle_scope = trio.CancelScope()
         self.swept = False  # the start-up sweep of dead owners' containers has finished (for tests)
 
     @classmethod
@@ -166,6 +172,7 @@ class Executor:
                         nursery.start_soon(executor._release_idle)
                     yield executor
                 finally:
+                    executor._idle_scope.cancel()
                     with trio.CancelScope(shield=True):
                         executor._closing = True
                         executor.abort_all()
@@ -355,7 +362,11 @@ class Executor:
             self.runtime_pools[tier, name].resize(size)
 
     async def _release_idle(self) -> None:
-        """Give an idle runtime's share of the warm budget back, its containers removed."""
+        """Give an idle runtime's share of the warm budget back, its containers removed (until the close)."""
+        with self._idle_scope:
+            await self._release_idle_forever()
+
+    async def _release_idle_forever(self) -> None:
         while True:
             await trio.sleep(min(budget.idle_s for budget in self._budgets.values()) / 4 if self._budgets else 60)
             for tier, budget in self._budgets.items():
@@ -397,6 +408,30 @@ class Executor:
         if (tier, runtime) not in self.runtime_sandboxes:
             raise ValueError(f"runtime {runtime!r} is not declared (declared: {', '.join(self.policy.runtime_names)})")
         return self.runtime_sandboxes[tier, runtime]  # type: ignore[index,unused-ignore]
+
+    async def refresh_runtimes(self) -> dict[str, RuntimeInfo]:
+        """Inspect each declared runtime's image: the built ones (present and labelled with their packages) with
+        their digests. A declared runtime that is not built is left out, so the node never advertises it."""
+
+        def inspect(api: docker.APIClient) -> dict[str, RuntimeInfo]:
+            found: dict[str, RuntimeInfo] = {}
+            for name in self.policy.runtime_names:
+                runtime = self.policy.runtime(name)
+                assert runtime is not None
+                try:
+                    info = runtime_info(runtime, api.inspect_image(runtime.image))
+                except docker.errors.ImageNotFound:
+                    continue
+                if info is not None:
+                    found[name] = info
+            return found
+
+        try:
+            self.built_runtimes = await self.sandbox.docker.call(inspect)
+        except DOCKER_ERRORS as exc:  # no daemon: nothing is built as far as anyone can tell
+            log.info("executor.runtimes_unreadable", error=repr(exc))
+            self.built_runtimes = {}
+        return self.built_runtimes
 
     def stats(self) -> ExecutorStats:
         return ExecutorStats(

@@ -25,6 +25,7 @@ import trio
 
 from mesh.peers import Heartbeat, PeerDirectory
 from transports.wire.identity import public_key_of_peer_id
+from transports.wire.needs import unmet_by
 from transports.wire.offers import MAX_RESULT_BYTES, ReceivedOffer, meets
 from transports.wire.reasons import Reason, Rejected, Rejection
 from transports.wire.results import TaskResult, open_result
@@ -244,6 +245,11 @@ class ClaimDesk:
             runs = ", ".join(heartbeat.isolation) or "none"
             why = f"the offer needs {offer.min_isolation} or stronger; the claimant runs {runs}"
             return Rejection(Reason.ISOLATION_INSUFFICIENT, why)
+        # Its own intake should have refused an offer it cannot meet; a claimant that skips that check (or whose
+        # runtime changed since) gets the same answer, from what it says of itself now.
+        unmet = unmet_by(heartbeat.capabilities, offer.needs)
+        if unmet is not None:
+            return Rejection(unmet[0], f"the claimant: {unmet[1]}")
         live = self._live_grants(job)
         if any(g.claimant == claimant and g.offer_id == offer.offer_id for g in live):
             return None  # a retried claim by the same peer is the same claim

@@ -40,6 +40,7 @@ from mesh.replay import ReplayMemory
 from mesh.standing import Standing
 from transports.base import Admitted, Delivery, Verdict
 from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
+from transports.wire.needs import Capabilities, unmet_by
 from transports.wire.offers import ClockPolicy, ReceivedOffer, TaskOffer, check_clock, meets, now_ms, parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
 
@@ -219,8 +220,11 @@ class Intake:
         tiers: Callable[[], Collection[str]] = lambda: ("runc",),
         standing_journal: Path | None = None,
         workers: int = 1,
+        capabilities: Callable[[], Capabilities | None] = lambda: None,
     ) -> None:
         self.policy = policy
+        # The runtimes this node has built and its resources, which an offer's needs must meet (None: python only).
+        self._capabilities = capabilities
         self._participating = participating
         # This node's PeerID, which a direct offer's audience must name, and the sandbox tiers it runs now.
         self.peer_id = peer_id
@@ -376,6 +380,10 @@ class Intake:
                     Reason.ISOLATION_INSUFFICIENT,
                     f"the offer needs {offer.min_isolation} or stronger; this node runs {runs}",
                 )
+        # Before any claim: a node without the runtime (or the resources) must not take the claim from one with it.
+        unmet = unmet_by(self._capabilities(), offer.needs)
+        if unmet is not None:
+            raise Rejected(*unmet)
         job = Job(received, delivery, self._monotonic(), established=self.standing.established(offer.offerer))
         if not self.jobs.has_room(job):
             raise Rejected(Reason.BUSY, self._no_room(job))

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mesh.peers import NEAR_SAMPLE, NearRunner, PeerDirectory
+from transports.wire.needs import DEFAULT_RUNTIME, Needs, unmet_by
 from transports.wire.offers import MAX_INVITEES, meets
 
 # Two invitees: one spare if the other is busy or gone, and a mean of at most two claim requests per offer.
@@ -37,22 +38,38 @@ class Candidate:
 
 
 def candidates(
-    directory: PeerDirectory, *, language: str | None, min_isolation: str | None, me: str
+    directory: PeerDirectory,
+    *,
+    language: str | None,
+    min_isolation: str | None,
+    me: str,
+    needs: Needs | None = None,
 ) -> list[Candidate]:
-    """Runners that could take this offer: sandboxing, with a tier that meets its minimum, and its language (None:
-    any)."""
+    """Runners that could take this offer: sandboxing, with a tier that meets its minimum, its language (None:
+    any), and what it needs (its runtime, by digest too, and its resources: transports/wire/needs.py). Neighbours
+    are judged on their whole advertisement; runners one hop away on their runtimes' names only (the claim's own
+    status is judged in full by the offerer), so that invitations skip the nodes that lack the runtime."""
+    needs = needs or Needs()
 
     def fits(languages: tuple[str, ...], tiers: tuple[str, ...]) -> bool:
         speaks = language is None or not languages or language in languages
         return speaks and any(meets(t, min_isolation) for t in tiers)
 
+    def has_runtime(runtimes: tuple[str, ...] | None) -> bool:
+        return needs.runtime_name in (runtimes if runtimes is not None else (DEFAULT_RUNTIME,))
+
     found = [
         Candidate(h.peer_id, True, h.free_slots > 0)
         for h in directory.fresh()
-        if h.peer_id != me and h.runs_offers and fits(h.languages, h.isolation)
+        if h.peer_id != me
+        and h.runs_offers
+        and fits(h.languages, h.isolation)
+        and unmet_by(h.capabilities, needs) is None
     ]
     found += [
-        Candidate(n.peer_id, False, False) for n in directory.near(exclude=(me,)) if fits(n.languages, n.isolation)
+        Candidate(n.peer_id, False, False)
+        for n in directory.near(exclude=(me,))
+        if fits(n.languages, n.isolation) and has_runtime(n.runtimes)
     ]
     return found
 
@@ -85,4 +102,4 @@ def near_sample(directory: PeerDirectory, me: str, limit: int = NEAR_SAMPLE) -> 
     """
     runners = [h for h in directory.fresh() if h.peer_id != me and h.runs_offers]
     runners.sort(key=lambda h: hashlib.sha256(f"{me}/{h.peer_id}".encode()).digest())
-    return [NearRunner(h.peer_id, h.languages, h.isolation, via=me) for h in runners[:limit]]
+    return [NearRunner(h.peer_id, h.languages, h.isolation, via=me, runtimes=h.runtime_names) for h in runners[:limit]]

@@ -10,6 +10,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
+import os
+import platform
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +54,7 @@ from transports.presence import Presence
 from transports.relay import Relay
 from transports.rendezvous import Rendezvous
 from transports.wire.identity import public_key_of_peer_id
+from transports.wire.needs import Capabilities, Needs
 from transports.wire.peerid import ed25519_peer_id
 from transports.wire.results import TaskResult
 from transports.wire.sealed import Payload
@@ -59,6 +63,8 @@ log = structlog.get_logger("edgecoder.node")
 
 # How many run offer ids `MeshNode.ran` keeps.
 RAN_HISTORY = 10_000
+# How often the node looks whether a runtime's image was built or removed under it.
+RUNTIMES_REFRESH_S = 60.0
 
 
 class MeshNode:
@@ -84,6 +90,7 @@ class MeshNode:
             replay_journal=None if state is None else state.replay_journal,
             peer_id=config.identity.peer_id,
             tiers=self.isolation_tiers,
+            capabilities=self.capabilities,
             standing_journal=None if state is None else state.standing_journal,
             workers=config.executor_policy.max_concurrent if executor is not None else 0,
         )
@@ -228,6 +235,10 @@ class MeshNode:
         if self.config.shared_sandbox is None or self.config.sandbox_mode != "docker":
             await self._nursery.start(self.gate.run)
         self.gate.on_change(self._follow_gate)
+        if self.executor is not None:
+            # Before any transport: the first heartbeat already names the runtimes built here.
+            await self.executor.refresh_runtimes()
+            self._nursery.start_soon(self._follow_runtimes)
         for transport in self.transports:
             await self._nursery.start(transport.run, self.intake)
         for service in self.services:
@@ -243,7 +254,33 @@ class MeshNode:
         """Peers learn at once when this node starts or stops taking offers. The transports follow the intake's
         `participating` by themselves: gossip still forwards offers but hands none to the intake, BLE stops
         scanning, the coordinator stops pulling, and direct offers are refused."""
+        if self.executor is not None:
+            await self.executor.refresh_runtimes()  # an operator who fixed the sandbox may have built images too
         self.presence.changed()
+
+    async def _follow_runtimes(self) -> None:
+        """Peers learn when a runtime is built (or its image removed) while the node runs."""
+        assert self.executor is not None
+        while True:
+            await trio.sleep(RUNTIMES_REFRESH_S)
+            before = self.executor.built_runtimes
+            if await self.executor.refresh_runtimes() != before:
+                self.presence.changed()
+
+    def capabilities(self) -> Capabilities | None:
+        """The runtimes built here and what one run may have (executor/runtimes.py, transports/wire/needs.py);
+        None without an executor."""
+        if self.executor is None:
+            return None
+        policy = self.executor.policy
+        return Capabilities(
+            {name: info.digest for name, info in self.executor.built_runtimes.items()},
+            # What one run can have: the operator's ceilings, and never more cores than the machine has.
+            cores=max(1, min(os.cpu_count() or 1, math.floor(policy.max_cpus))),
+            memory_mb=policy.max_memory_mb,
+            arch=platform.machine(),
+            gpu="none",  # no sandbox tier passes a GPU through (no device ever enters a container)
+        )
 
     async def run_ble(
         self,
@@ -272,6 +309,7 @@ class MeshNode:
             "freeSlots": free,
             "languages": sorted(self.config.intake_policy.languages),
             "isolation": sorted(self.isolation_tiers()),
+            **({"capabilities": caps.to_json()} if (caps := self.capabilities()) is not None else {}),
             "addrs": list(self.p2p.addrs[:8]),
             "near": [n.to_wire() for n in near_sample(self.peers, self.identity.peer_id)],
         }
@@ -460,6 +498,7 @@ class MeshNode:
             min_isolation=offer.min_isolation,
             spare_warm=self.intake.spare_warm(job),
             control=job.control,
+            runtime=offer.needs.runtime_name,
         )
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
@@ -482,8 +521,10 @@ class MeshNode:
     async def wait_for_runner(self, *, timeout: float) -> bool:
         return await self.offerer.wait_for_runner(timeout=timeout)
 
-    def runner_candidates(self, *, language: str | None, min_isolation: str | None) -> list[Candidate]:
-        return self.offerer.runner_candidates(language=language, min_isolation=min_isolation)
+    def runner_candidates(
+        self, *, language: str | None, min_isolation: str | None, needs: Needs | None = None
+    ) -> list[Candidate]:
+        return self.offerer.runner_candidates(language=language, min_isolation=min_isolation, needs=needs)
 
     def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
         return self.offerer.make_offer(to=to, invite=invite, **fields)

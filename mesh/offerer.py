@@ -25,6 +25,7 @@ from transports.gossip import GossipTransport
 from transports.p2p import P2PHost
 from transports.wire.identity import NodeIdentity, public_key_of_peer_id
 from transports.wire.jobs import JobCancel
+from transports.wire.needs import Needs
 from transports.wire.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, Audience, TaskOffer, now_ms, parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
 from transports.wire.results import TaskResult, open_result, result_digest
@@ -96,8 +97,12 @@ class Offerer:
             return True
         return False
 
-    def runner_candidates(self, *, language: str | None, min_isolation: str | None) -> list[Candidate]:
-        return candidates(self.peers, language=language, min_isolation=min_isolation, me=self.identity.peer_id)
+    def runner_candidates(
+        self, *, language: str | None, min_isolation: str | None, needs: Needs | None = None
+    ) -> list[Candidate]:
+        return candidates(
+            self.peers, language=language, min_isolation=min_isolation, me=self.identity.peer_id, needs=needs
+        )
 
     def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
         """A signed offer from this node, replying to its own addresses.
@@ -260,7 +265,7 @@ class Offerer:
     def _fresh_invitees(self, offer: TaskOffer, exclude: Collection[str], *, replicas: int = 1) -> list[str]:
         """Runners for this offer, best first (`choose_invitees`), none of `exclude`: `invitees` of them, and, for
         k > 1 replicas, at least one more than k (a spare, so that one slow invitee does not cost an invite window)."""
-        found = self.runner_candidates(language=offer.language, min_isolation=offer.min_isolation)
+        found = self.runner_candidates(language=offer.language, min_isolation=offer.min_isolation, needs=offer.needs)
         k = self.invitees if replicas <= 1 else max(self.invitees, replicas + 1)
         return choose_invitees(found, strikes=self.desk.strikes.__getitem__, exclude=exclude, k=k)
 

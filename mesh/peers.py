@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from transports.wire.needs import Capabilities
+
 # What a node reports as its `sandboxMode` (to its neighbours, and to a coordinator when it registers): docker, it
 # runs remote work in the sandbox; none, it takes none. The node's gate (mesh/gate.py) decides which.
 SandboxMode = Literal["docker", "none"]
@@ -25,6 +27,7 @@ SANDBOX_MODES: tuple[SandboxMode, ...] = ("docker", "none")
 MAX_TIERS = 4
 MAX_LANGUAGES = 8
 MAX_ADDRS = 8
+MAX_RUNTIMES = 8
 # Runners a node passes on of its neighbours: enough for an offerer with one connection (a one-shot offerer at a
 # seed) to invite a few, small enough that a status stays one small frame.
 NEAR_SAMPLE = 8
@@ -44,6 +47,9 @@ class NearRunner:
     languages: tuple[str, ...]
     isolation: tuple[str, ...]
     via: str
+    # The runtimes it has built (names only: the claim's own status carries the digests). None: it said nothing,
+    # a node from before runtimes, which runs only `python`.
+    runtimes: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, data: Any, via: str) -> NearRunner | None:
@@ -54,10 +60,18 @@ class NearRunner:
         isolation = _strings(data.get("isolation", ["runc"]), MAX_TIERS, 16)
         if not isinstance(peer_id, str) or not 0 < len(peer_id) <= 64 or languages is None or isolation is None:
             return None
-        return cls(peer_id, languages, isolation, via)
+        runtimes = _strings(data["runtimes"], MAX_RUNTIMES, 32) if "runtimes" in data else None
+        return cls(peer_id, languages, isolation, via, runtimes)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"peerId": self.peer_id, "languages": list(self.languages), "isolation": list(self.isolation)}
+        shown: dict[str, Any] = {
+            "peerId": self.peer_id,
+            "languages": list(self.languages),
+            "isolation": list(self.isolation),
+        }
+        if self.runtimes is not None:
+            shown["runtimes"] = list(self.runtimes)
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,8 @@ class Heartbeat:
     # The sandbox tiers it runs offers under (`runc`, `gvisor`). A node from before tiers says nothing: runc.
     isolation: tuple[str, ...] = ("runc",)
     near: tuple[NearRunner, ...] = ()
+    # Its built runtimes and resources (transports/wire/needs.py); None from a node from before runtimes.
+    capabilities: Capabilities | None = None
 
     @classmethod
     def parse(cls, peer_id: str, data: Any, seen_at: float) -> Heartbeat | None:
@@ -98,7 +114,12 @@ class Heartbeat:
             seen_at,
             isolation,
             tuple(n for n in near if n is not None and n.peer_id != peer_id),
+            Capabilities.from_json(data.get("capabilities")),
         )
+
+    @property
+    def runtime_names(self) -> tuple[str, ...] | None:
+        return None if self.capabilities is None else tuple(sorted(self.capabilities.runtimes))
 
     @property
     def runs_offers(self) -> bool:

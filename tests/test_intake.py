@@ -17,6 +17,7 @@ from tests.strategies import NOW, OFFERER, offers
 from transports.base import Admitted, Delivery
 from transports.wire.codec import pack
 from transports.wire.identity import NodeIdentity
+from transports.wire.needs import Capabilities, Needs, Resources
 from transports.wire.offers import Audience, TaskOffer
 from transports.wire.reasons import Reason, Rejection
 
@@ -398,3 +399,20 @@ def test_a_host_request_is_refused_before_any_claim_with_the_seeds_run_result() 
         "stderrTruncated": False,
     }
     assert claims == [] and len(intake.jobs) == 0 and intake.rejected[("gossip", SANDBOX_REQUIRED)] == 1
+
+
+def test_an_offer_needing_a_runtime_or_resources_this_node_lacks_is_refused_before_any_claim() -> None:
+    science = "cd" * 32
+    caps = Capabilities({"python": "ab" * 32, "python-science": science}, cores=1, memory_mb=512, arch="x86_64")
+    intake, _ = make_intake()
+    intake._capabilities = lambda: caps
+    assert isinstance(deliver(intake, offer(needs=Needs("python-science"))), Admitted)
+    assert isinstance(deliver(intake, offer(needs=Needs("python-science", science))), Admitted)
+    assert reason(deliver(intake, offer(needs=Needs("python-science", "ef" * 32)))) == Reason.RUNTIME_UNAVAILABLE
+    assert reason(deliver(intake, offer(needs=Needs("geo")))) == Reason.RUNTIME_UNAVAILABLE
+    assert reason(deliver(intake, offer(needs=Needs(resources=Resources(cores=2))))) == Reason.RESOURCES_INSUFFICIENT
+    # A node without an executor (or from before runtimes) runs what needs nothing but python.
+    bare, _ = make_intake()
+    assert isinstance(deliver(bare, offer()), Admitted)
+    assert reason(deliver(bare, offer(needs=Needs("python-science")))) == Reason.RUNTIME_UNAVAILABLE
+    assert intake.rejected[("gossip", "runtime_unavailable")] == 2

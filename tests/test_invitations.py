@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from mesh.invitations import Candidate, candidates, choose_invitees, near_sample
 from mesh.peers import NEAR_SAMPLE, PeerDirectory
+from transports.wire.needs import Needs
 from transports.wire.offers import ISOLATION_TIERS, MAX_INVITEES, meets
 
 ME = "12D3KooWme"
@@ -123,3 +124,42 @@ def test_the_near_sample_is_stable_bounded_and_only_runners(neighbours: dict[str
     for peer_id, status in neighbours.items():
         directory.observe(peer_id, {"peerId": peer_id, "addrs": [], **status, "freeSlots": 0})
     assert [r.peer_id for r in near_sample(directory, ME)] == [r.peer_id for r in sample]
+
+
+def test_invitations_skip_runners_that_lack_the_runtime() -> None:
+    """First hand by the whole advertisement (a digest too), one hop away by the runtime's name; a node from
+    before runtimes runs python only."""
+    science = "cd" * 32
+
+    def caps(*runtimes: str, digest: str = science) -> dict[str, Any]:
+        return {
+            "runtimes": [{"name": r, "digest": digest} for r in runtimes],
+            "resources": {"cores": 1, "memoryMb": 512, "arch": "x86_64", "gpu": "none"},
+        }
+
+    runner = {"sandboxMode": "docker", "freeSlots": 1, "languages": [], "isolation": ["runc"]}
+    directory = directory_of(
+        {
+            PEERS[0]: {**runner, "capabilities": caps("python", "python-science")},
+            PEERS[1]: {**runner, "capabilities": caps("python")},
+            PEERS[2]: {**runner, "capabilities": caps("python", "python-science", digest="ef" * 32)},
+            PEERS[3]: {
+                **runner,
+                "near": [
+                    {"peerId": PEERS[10], "languages": [], "isolation": ["runc"], "runtimes": ["python-science"]},
+                    {"peerId": PEERS[11], "languages": [], "isolation": ["runc"], "runtimes": ["python"]},
+                    {"peerId": PEERS[12], "languages": [], "isolation": ["runc"]},
+                ],
+            },
+        }
+    )
+
+    def found(needs: Needs) -> set[str]:
+        return {c.peer_id for c in candidates(directory, language="python", min_isolation=None, me=ME, needs=needs)}
+
+    assert found(Needs("python-science")) == {PEERS[0], PEERS[2], PEERS[10]}
+    assert found(Needs("python-science", science)) == {PEERS[0], PEERS[10]}
+    assert found(Needs()) == {PEERS[0], PEERS[1], PEERS[2], PEERS[3], PEERS[11], PEERS[12]}
+    # A runner passes its neighbours' runtimes on, so that the next hop can skip them too.
+    passed_on = {n.peer_id: n.runtimes for n in near_sample(directory, PEERS[5])}
+    assert passed_on[PEERS[0]] == ("python", "python-science") and passed_on[PEERS[3]] is None

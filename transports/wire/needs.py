@@ -178,3 +178,15 @@ class Capabilities:
         if type(cores) is not int or type(memory) is not int or not isinstance(arch, str) or not isinstance(gpu, str):
             return None
         return cls(named, cores, memory, arch[:MAX_ARCH_CHARS], gpu[:MAX_GPU_CHARS])
+
+
+def unmet_by(capabilities: Capabilities | None, needs: Needs) -> tuple[Reason, str] | None:
+    """`capabilities.unmet(needs)`; a node that advertises none (one from before runtimes) runs only what needs
+    nothing but the `python` runtime, whatever its package set."""
+    if capabilities is not None:
+        return capabilities.unmet(needs)
+    if needs.runtime_name != DEFAULT_RUNTIME or needs.runtime_digest is not None:
+        return Reason.RUNTIME_UNAVAILABLE, f"runtime {needs.runtime_name!r}: this node advertises no runtimes"
+    if not needs.resources.empty:
+        return Reason.RESOURCES_INSUFFICIENT, "this node advertises no resources"
+    return None

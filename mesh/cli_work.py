@@ -63,6 +63,20 @@ from mesh.cli_common import (
     help="Run only on a node whose sandbox is at least this tier (gvisor: a user-space kernel in between).",
 )
 @click.option(
+    "--runtime",
+    default=None,
+    metavar="NAME",
+    help="The runtime the run needs (docs/runtimes.md): python-science, or a name an operator declared "
+    "[default: python, on every node].",
+)
+@click.option(
+    "--runtime-digest",
+    default=None,
+    metavar="HEX",
+    help="With --runtime: only a node whose runtime has exactly this package set (its digest, as `edgecoder "
+    "doctor` and /status show it) may run it.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="warning",
@@ -86,6 +100,8 @@ def offer(
     wait_s: float,
     replicas: int,
     min_isolation: str | None,
+    runtime: str | None,
+    runtime_digest: str | None,
     log_level: str,
 ) -> None:
     """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
@@ -107,6 +123,14 @@ def offer(
         raise click.UsageError("--peer is for --gossip (with --to, the address already names the node)")
     if replicas > 1 and not gossip:
         raise click.UsageError("--replicas is for --gossip (a direct offer names one node)")
+    if runtime_digest is not None and runtime is None:
+        raise click.UsageError("--runtime-digest pins a --runtime: give --runtime too")
+    from transports.wire.needs import Needs
+
+    try:
+        needs = Needs(runtime, runtime_digest)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     identity = load_identity(key)
     try:
         for addr in [*peers, *([to] if to else [])]:
@@ -130,6 +154,7 @@ def offer(
         ble_hci=ble_hci,
         ble_link_model=ble_link_model,
         min_isolation=min_isolation,
+        needs=needs,
         replicas=replicas,
     )
     outcome = run_command(run_offer, options)
@@ -166,6 +191,13 @@ def offer(
     help="The container runtime of the run: runc (hardened Docker) or gvisor (Docker with runsc) "
     "[default: EDGECODER_ISOLATION, else runc].",
 )
+@click.option(
+    "--runtime",
+    default=None,
+    metavar="NAME",
+    help="The runtime to run in, one this machine's settings declare (executor.runtimes, docs/runtimes.md): "
+    "python-science, or a name an operator declared [default: python].",
+)
 def exec_(
     code_file: Path,
     language: str,
@@ -175,6 +207,7 @@ def exec_(
     input_json: str | None,
     no_subset: bool,
     isolation: str | None,
+    runtime: str | None,
 ) -> None:
     """Run code as the local user (origin local: --sandbox host is allowed). Prints the result JSON."""
     import trio
@@ -185,6 +218,19 @@ def exec_(
 
     if isolation is not None and sandbox == "host":
         raise click.UsageError("--isolation picks the container runtime; --sandbox host runs no container")
+    if runtime is not None and sandbox == "host":
+        raise click.UsageError("--runtime picks a sandbox image; --sandbox host runs no container")
+    runtimes: tuple[Any, ...] = ()
+    if runtime is not None:
+        from mesh.config import ConfigError, node_settings, resolve
+
+        try:  # the runtimes the operator declared (variables, then EDGECODER_CONFIG's file, then the defaults)
+            declared = node_settings(resolve({})).executor_policy
+        except (ConfigError, ValueError) as exc:
+            raise InputError(str(exc)) from None
+        if declared.runtime(runtime) is None:
+            raise InputError(f"runtime {runtime!r} is not declared (declared: {', '.join(declared.runtime_names)})")
+        runtimes = declared.runtimes
     try:
         policy = ExecutorPolicy.from_env()
     except ValueError as exc:  # EDGECODER_ISOLATION (or another variable) names nothing the executor knows
@@ -198,6 +244,8 @@ def exec_(
         sandbox,
         not no_subset,
         isolation,
+        runtime or "python",
+        runtimes,
     )
     emit(result.to_json())
     sys.exit(0 if result.ok else 1)

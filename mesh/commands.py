@@ -168,6 +168,7 @@ class OfferOptions:
     ble_hci: str | None = None
     ble_link_model: str | None = None  # pace the radio as this preset would (virtual controllers only)
     min_isolation: str | None = None  # the weakest sandbox tier the offer accepts (runc, gvisor)
+    needs: Any = None  # transports.wire.needs.Needs: the runtime (and its digest) the offer needs; None: python
     replicas: int = 1  # gossip: distinct runners that must each run it and agree
 
 
@@ -192,6 +193,7 @@ async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
         sandbox=options.sandbox,  # type: ignore[arg-type]
         ttl_ms=int(max(60.0, options.wait_s * 2) * 1000),
         min_isolation=options.min_isolation,
+        needs=options.needs,
     )
     outcomes = []
     # Ctrl-C (or SIGTERM) stops advertising and drops the links cleanly, then says so as a typed refusal.
@@ -251,6 +253,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
         "sandbox": options.sandbox,
         "ttl_ms": int(max(60.0, options.wait_s * 2) * 1000),
         "min_isolation": options.min_isolation,
+        "needs": options.needs,
     }
     # Sized before anything is dialled (bootstrap peers included): the node's own addresses, which it learns only
     # once it listens, add a few hundred bytes at most, and are checked again below.
@@ -308,9 +311,12 @@ async def run_local(
     sandbox: str,
     subset_check: bool,
     isolation: str | None = None,
+    runtime: str = "python",
+    runtimes: tuple[Any, ...] = (),
 ) -> ExecResult:
     """The local user's run (origin local): host execution is allowed here, and only here. `isolation` (runc or
-    gvisor) is the run's container runtime; None: EDGECODER_ISOLATION's weakest tier, else runc."""
+    gvisor) is the run's container runtime; None: EDGECODER_ISOLATION's weakest tier, else runc. `runtime` is one of
+    the declared `runtimes` (executor.runtimes.Runtime, beyond python: the settings' `executor.runtimes`)."""
     from dataclasses import replace
 
     from executor.runner import run_code
@@ -320,8 +326,12 @@ async def run_local(
         policy = replace(policy, subset_check=False)
     if isolation is not None:
         policy = replace(policy, isolation=(isolation,))  # type: ignore[arg-type]
+    if runtimes:
+        policy = replace(policy, runtimes=runtimes)
     request = ExecRequest(language=language, code=code, input=input, limits=limits)  # type: ignore[arg-type]
-    return await run_code(request, sandbox=sandbox, origin="local", policy=policy, min_isolation=isolation)
+    return await run_code(
+        request, sandbox=sandbox, origin="local", policy=policy, min_isolation=isolation, runtime=runtime
+    )
 
 
 async def run_doctor(settings: NodeSettings | None = None) -> dict[str, Any]:

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 RUNC_FIXED = (1, 2, 8)
 RUNC_CVES = ("CVE-2025-31133", "CVE-2025-52565", "CVE-2025-52881")
 IMAGE_AND_MOUNTS = (
-    "an offer carries only language, code, JSON input and limits: the image is the operator's "
-    "(executor.image) and no container has any bind, volume or device (executor/container_config.py), so the "
+    "an offer carries only language, code, JSON input, limits and a runtime's name: the images are the "
+    "operator's (executor.image, executor.runtimes: Debian package lists built here), an undeclared runtime never "
+    "runs, and no container has any bind, volume or device (executor/container_config.py), so the "
     "runc escapes that need an attacker-chosen image or mount ({cves}) have nothing to work with"
 ).format(cves=", ".join(RUNC_CVES))
 
@@ -212,6 +213,19 @@ async def run_doctor(policy: ExecutorPolicy, mode: str) -> dict[str, Any]:
         checks.append(userns_check(info))
         checks.append(seccomp_check(info, policy))
         checks.append(check("image and mounts", "info", IMAGE_AND_MOUNTS))
+        built = await executor.refresh_runtimes()
+        for name in policy.runtime_names:
+            info = built.get(name)
+            if info is not None:
+                detail = (
+                    f"{info.image} digest {info.digest} ({len(info.packages)} packages: {', '.join(info.packages)})"
+                )
+                checks.append(check(f"runtime {name}", "ok", detail))
+            else:
+                declared = policy.runtime(name)
+                image = declared.image if declared is not None else name
+                why = f"{image} is not built (or carries no package list): offers for {name} are refused here"
+                checks.append(check(f"runtime {name}", "warn", why, f"edgecoder image build --runtime {name}"))
         for tier in TIERS:
             offered = tier in policy.isolation
             health = await executor.health(tier)

@@ -255,7 +255,15 @@ def test_doctor_says_this_machine_can_sandbox() -> None:
     assert report["tiers"]["runc"] == {"offered": True, "ok": True, "reason": "ready", "detail": ANY, "missing": []}
     text = edgecoder("doctor")
     assert "[ok  ] canary runc: proven: memory 128 MiB, pids 50, cpus 0.5" in text.stdout
-    assert "image and mounts: an offer carries only language, code, JSON input and limits" in text.stdout
+    assert "image and mounts: an offer carries only language, code, JSON input, limits and a runtime's name" in (
+        text.stdout
+    )
+    # Every declared runtime is named: built with its digest and packages, or not built with the command that builds it.
+    runtimes = {c["name"]: c for c in report["checks"] if c["name"].startswith("runtime ")}
+    assert set(runtimes) == {"runtime python", "runtime python-science"}
+    assert runtimes["runtime python"]["level"] == "ok" and "python3=" in runtimes["runtime python"]["detail"]
+    science = runtimes["runtime python-science"]
+    assert science["level"] == "ok" or science["fix"] == "edgecoder image build --runtime python-science"
 
 
 @pytest.mark.gvisor

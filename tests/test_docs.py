@@ -17,6 +17,7 @@ NAV = [
     "Join a swarm",
     "Run a node as a service",
     "Offer work",
+    "Runtimes",
     "BLE",
     "Coordinator",
     "Simulations",

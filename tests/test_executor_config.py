@@ -221,6 +221,20 @@ def test_neither_an_offer_nor_a_run_request_has_a_field_for_an_image_or_a_mount(
         assert not [n for n in names if any(word in n for word in FORBIDDEN_WORDS)], (schema.__name__, names)
 
 
+def test_an_offers_needs_name_a_declared_runtime_and_nothing_that_reaches_the_container() -> None:
+    """Offer v3's needs: `runtime` is the name of one of the operator's declared package sets (never an image, and
+    not the container runtime: the tier is the node's, `minIsolation` only a minimum). The executor refuses any name
+    the policy does not declare, and a declared one changes the image and nothing else (tests/test_runtimes_docker.py
+    proves both on the daemon)."""
+    from transports.wire.needs import Needs, Resources
+
+    for schema in (Needs, Resources):
+        names = [f.name.lower() for f in dataclasses.fields(schema)]
+        words = [w for w in FORBIDDEN_WORDS if w != "runtime"]
+        assert not [n for n in names if any(word in n for word in words)], (schema.__name__, names)
+    assert ExecutorPolicy().runtime("edgecoder-sandbox:bookworm") is None
+
+
 def test_container_creation_takes_nothing_of_a_request_but_its_clamped_limits() -> None:
     parameters = list(inspect.signature(build_container_config).parameters)
     assert parameters == ["request_limits_clamped", "policy", "labels", "uid", "backend"]

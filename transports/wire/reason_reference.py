@@ -84,6 +84,17 @@ REFERENCE: dict[Reason, tuple[str, str]] = {
         "The offer's `minIsolation` asks for a sandbox tier stronger than any this node runs (runc < gvisor).",
         "Offer to a node that runs that tier (`edgecoder peers` shows tiers), or lower `--min-isolation`.",
     ),
+    Reason.RUNTIME_UNAVAILABLE: (
+        "The offer's `runtime` is not built on this node (or not declared), or its `runtimeDigest` names another "
+        "package set than this node's build of it (docs/runtimes.md). A run: the runtime is not declared here.",
+        "Offer to a node that advertises the runtime (`edgecoder peers` shows runtimes); as the operator, declare it "
+        "(executor.runtimes) and `edgecoder image build --runtime NAME`.",
+    ),
+    Reason.RESOURCES_INSUFFICIENT: (
+        "The offer's `minResources` asks for more cores or memory than one run may have here, another architecture, "
+        "or a GPU (no sandbox tier passes one through).",
+        "Offer to a node that advertises them (`/status` shows resources), or ask for less.",
+    ),
     Reason.BUSY: (
         "No room for the offer now: the intake queue, the offerer's share of it, the replay memory, the executor's "
         "waiting line, or a coordinator table at its cap.",

@@ -134,6 +134,8 @@ WIRE_REFUSALS: frozenset[Reason] = frozenset(
         Reason.WRONG_AUDIENCE,
         Reason.NOT_INVITED,
         Reason.ISOLATION_INSUFFICIENT,
+        Reason.RUNTIME_UNAVAILABLE,
+        Reason.RESOURCES_INSUFFICIENT,
         Reason.BUSY,
         Reason.SHUTTING_DOWN,
         Reason.CLAIM_REFUSED,
@@ -171,6 +173,7 @@ QUEUE_REASONS: dict[QueueReason, Reason] = {
     QueueReason.ABORTED: Reason.ABORTED,
     QueueReason.NODE_ERROR: Reason.NODE_ERROR,
     QueueReason.ISOLATION_INSUFFICIENT: Reason.ISOLATION_INSUFFICIENT,
+    QueueReason.RUNTIME_UNAVAILABLE: Reason.RUNTIME_UNAVAILABLE,
     QueueReason.PAYLOAD_MISMATCH: Reason.PAYLOAD_MISMATCH,
 }
 ERROR_KINDS: dict[ErrorKind, Reason] = {

@@ -7,6 +7,10 @@ tests/test_reasons.py checks for totality (`transports.vocabulary` lists them al
 floor, so its two enums spell their codes themselves; `QUEUE_REASONS` and `ERROR_KINDS` below tie them to `Reason`.
 docs/reference/reasons.md lists every code, its cause and what to do about it, generated from
 `transports.wire.reason_reference` by scripts/gen_reasons.py.
+
+A new code: add it here, to `WIRE_REFUSALS` if a refusal on the wire may carry it (or to the layer enum that uses
+it), give it its cause and remedy in `transports.wire.reason_reference`, then run scripts/gen_reasons.py and commit
+the page. tests/test_reasons.py fails, naming the step, until all of that is done.
 """
 
 from __future__ import annotations

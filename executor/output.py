@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from executor.bootstrap import TRAILER_SIZE, parse_trailer
+from executor.bootstrap import TRAILER_SIZE, TRAILER_TAG, parse_trailer
 
 # Docker's attach stream without a tty: frames of [stream, 0, 0, 0, size (uint32 big-endian)] + payload.
 FRAME_HEADER = struct.Struct(">BxxxI")
@@ -46,6 +46,9 @@ class _TrailedStream:
         self.status: int | None = None
         self._nonce = nonce
         self._held = b""
+        # What the trailer starts with: held bytes that cannot begin it are output, released at once (a follower
+        # sees a short line when it is printed, not when the next one comes).
+        self._prefix = TRAILER_TAG + nonce.encode("ascii") + b":"
 
     def append(self, data: memoryview) -> None:
         if self.status is not None:
@@ -62,6 +65,15 @@ class _TrailedStream:
         if status is not None:
             self.status = status
             self._held = b""
+            return
+        self._release_what_cannot_be_the_trailer()
+
+    def _release_what_cannot_be_the_trailer(self) -> None:
+        held, prefix = self._held, self._prefix
+        start = next((i for i in range(len(held)) if held[i : i + len(prefix)] == prefix[: len(held) - i]), len(held))
+        if start:
+            self.buffer.append(held[:start])
+            self._held = held[start:]
 
     def finish(self) -> None:
         self.buffer.append(self._held)

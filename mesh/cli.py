@@ -49,7 +49,7 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 
 
 # Commands built on first use: name -> (module, attribute).
-LAZY_COMMANDS = {"coordinator": ("mesh.coordinator.cli", "coordinator")}
+LAZY_COMMANDS = {"coordinator": ("mesh.coordinator.cli", "coordinator"), "cancel": ("mesh.cli_jobs", "cancel")}
 
 
 class Commands(click.Group):

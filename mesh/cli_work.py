@@ -77,6 +77,11 @@ from mesh.cli_common import (
     "doctor` and /status show it) may run it.",
 )
 @click.option(
+    "--follow",
+    is_flag=True,
+    help="With --to: print a line naming the offer, then the program's output as it comes, then the result.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="warning",
@@ -102,6 +107,7 @@ def offer(
     min_isolation: str | None,
     runtime: str | None,
     runtime_digest: str | None,
+    follow: bool,
     log_level: str,
 ) -> None:
     """Sign an offer, send it, and print the verified result (exit 0 only when ok)."""
@@ -131,6 +137,8 @@ def offer(
         needs = Needs(runtime, runtime_digest)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    if follow and to is None:
+        raise click.UsageError("--follow is for --to (live output rides a direct offer's stream)")
     identity = load_identity(key)
     try:
         for addr in [*peers, *([to] if to else [])]:
@@ -156,6 +164,7 @@ def offer(
         min_isolation=min_isolation,
         needs=needs,
         replicas=replicas,
+        follow=follow,
     )
     outcome = run_command(run_offer, options)
     if outcome.refusal is not None:
@@ -172,6 +181,8 @@ def offer(
     shown = {**outcome.result.to_json(), "executorPeerId": ed25519_peer_id(outcome.result.executor)}
     if replicas > 1:
         shown["replicaPeerIds"] = [ed25519_peer_id(r.executor) for r in outcome.replicas]
+    if follow:  # whether the output shown above is what the runner signed
+        shown["streamed"], shown["streamVerified"] = outcome.streamed, outcome.stream_verified
     emit(shown)
     sys.exit(0 if outcome.ok else 1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from transports.base import Transport
     from transports.ble.transport import BleRadio
     from transports.wire.identity import NodeIdentity
+    from transports.wire.jobs import OutputChunk
 
 log = lazylog.get_logger("edgecoder.cli")
 
@@ -170,6 +172,7 @@ class OfferOptions:
     min_isolation: str | None = None  # the weakest sandbox tier the offer accepts (runc, gvisor)
     needs: Any = None  # transports.wire.needs.Needs: the runtime (and its digest) the offer needs; None: python
     replicas: int = 1  # gossip: distinct runners that must each run it and agree
+    follow: bool = False  # direct: print the program's output as it comes (after a line naming the offer)
 
 
 async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
@@ -215,6 +218,13 @@ async def run_ble_offer(options: OfferOptions) -> OfferOutcome:
     return OfferOutcome(result=outcomes[0].result, refusal=outcomes[0].refusal)
 
 
+def show_chunk(chunk: OutputChunk) -> None:
+    """A followed program's output, as it comes: its stdout on ours, its stderr on ours."""
+    out = sys.stdout if chunk.stream == "stdout" else sys.stderr
+    out.buffer.write(chunk.data)
+    out.flush()
+
+
 class Interrupted(Exception):
     """The user pressed Ctrl-C (or the offerer got SIGTERM); the node was told to stop the run."""
 
@@ -226,15 +236,15 @@ class OfferTooLarge(ValueError):
 async def run_offer(options: OfferOptions) -> OfferOutcome:
     """An offering node takes no work itself (`sandboxMode: none`): it only sends and verifies.
 
-    Ctrl-C cancels the wait; the cancellation sends the abort (an abort frame on the offer stream, or an abort to
-    each gossip claimant) before this raises `Interrupted`. The offer's size is checked before anything is dialled.
+    Ctrl-C cancels the wait; the cancellation sends the offer's signed cancel on a direct offer's stream (or an abort
+    to each gossip claimant) before this raises `Interrupted`. The offer's size is checked before anything is dialled.
     """
     if options.ble_hci is not None:
         return await run_ble_offer(options)
     from mesh.node import MeshNode, NodeConfig
     from mesh.offerer import OfferOutcome
     from transports.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
-    from transports.wire.offers import Audience, TaskOffer
+    from transports.wire.offers import Audience, TaskOffer, parse_offer
     from transports.wire.reasons import Reason, Rejection
 
     def too_large(raw: bytes) -> OfferTooLarge | None:
@@ -254,6 +264,7 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
         "ttl_ms": int(max(60.0, options.wait_s * 2) * 1000),
         "min_isolation": options.min_isolation,
         "needs": options.needs,
+        "follow": options.follow,
     }
     # Sized before anything is dialled (bootstrap peers included): the node's own addresses, which it learns only
     # once it listens, add a few hundred bytes at most, and are checked again below.
@@ -291,8 +302,16 @@ async def run_offer(options: OfferOptions) -> OfferOutcome:
 
             nursery.start_soon(interrupt)
             if options.to is not None:
+                on_output = None
+                if options.follow:
+                    # The offer's id first (what `edgecoder cancel` takes), then the program's output as it comes.
+                    print(
+                        json.dumps({"event": "offered", "offerId": parse_offer(raw).offer.offer_id.hex()}), flush=True
+                    )
+                    on_output = show_chunk
                 with trio.move_on_after(options.wait_s + 5):
-                    outcome = await node.offer_direct(options.to, raw)
+                    # Ctrl-C sends the offer's signed cancel on the stream: the runner stops the run at once.
+                    outcome = await node.offer_direct(options.to, raw, cancel_on_stop=True, on_output=on_output)
                 outcome = outcome or OfferOutcome(refusal=Rejection(Reason.TIMEOUT, "no answer from the node"))
             else:
                 await node.wait_for_runner(timeout=min(10.0, options.wait_s))

@@ -39,7 +39,9 @@ class RunnerCancels:
         answer_queued: Callable[[Job, ExecResult], Awaitable[None]],
         *,
         capacity: int = FINISHED_CAPACITY,
+        on_cancel: Callable[[], object] = lambda: None,
     ) -> None:
+        self._on_cancel = on_cancel
         self._intake = intake
         self._answer_queued = answer_queued
         self._finished: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
@@ -83,6 +85,7 @@ class RunnerCancels:
             return Rejection(Reason.NOT_OFFERER, "the cancel is signed by another key than the offer's")
         if not job.cancelled:
             self.cancelled += 1
+            self._on_cancel()
             log.info("job cancelled by its offerer", offer=cancel.offer_id.hex(), running=job.started, sender=sender)
         job.cancel()
         if not job.started:

@@ -59,6 +59,11 @@ class NodeMetrics:
             "Admitted offers whose offerer stopped waiting (aborted or disconnected)",
             registry=r,
         )
+        self.cancelled = Counter(
+            "edgecoder_jobs_cancelled",
+            "Jobs stopped by their offerer's signed cancel (queued, or running: the container killed)",
+            registry=r,
+        )
 
         self.connection_refusals = Counter(
             "edgecoder_connection_refusals",

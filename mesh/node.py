@@ -53,7 +53,8 @@ from transports.p2p import P2PHost, open_host
 from transports.presence import Presence
 from transports.relay import Relay
 from transports.rendezvous import Rendezvous
-from transports.wire.identity import public_key_of_peer_id
+from transports.wire.identity import NodeIdentity, public_key_of_peer_id
+from transports.wire.jobs import OutputChunk
 from transports.wire.needs import Capabilities, Needs
 from transports.wire.peerid import ed25519_peer_id
 from transports.wire.results import TaskResult
@@ -61,6 +62,8 @@ from transports.wire.sealed import Payload
 
 log = structlog.get_logger("edgecoder.node")
 
+# How long a finished run's remaining live output may take to reach its follower before the result goes anyway.
+STREAM_FLUSH_S = 10.0
 # How many run offer ids `MeshNode.ran` keeps.
 RAN_HISTORY = 10_000
 # How often the node looks whether a runtime's image was built or removed under it.
@@ -109,7 +112,7 @@ class MeshNode:
         self.executor = executor
         self.p2p = p2p
         # The runner's side of a signed cancel (mesh/jobcancel.py): a job queued here is answered at once.
-        self.cancels = RunnerCancels(self.intake, self._reply)
+        self.cancels = RunnerCancels(self.intake, self._reply, on_cancel=self.metrics.cancelled.inc)
         self.direct = DirectTransport(
             p2p,
             self.desk,
@@ -459,6 +462,10 @@ class MeshNode:
             return
         offer = job.received.offer
         answer = TaskResult.answering(offer, job.received.digest, self.identity.public_key, result)
+        if job.stream is not None and job.stream.follow and answer.version >= 2:
+            # What the follower was shown, signed: it checks its own digest of the chunks against this one.
+            digest, dropped = job.stream.digest.digest(), job.stream.dropped
+            answer = dataclasses.replace(answer, stream_digest=digest, stream_dropped=dropped)
         signed = answer.sign(self.identity)
         job.signed = signed
         self.cancels.answered(job, signed)
@@ -489,17 +496,36 @@ class MeshNode:
         # The origin is the intake's tag (always remote), never anything the offer says.
         # A fresh offerer's run leaves the last warm container to offerers this node knows (mesh/standing.py).
         job.started = True
-        job.stream = JobStream(follow=False)
-        job.control.on_output = job.stream.push
-        result: ExecResult = await self.executor.run_code(
-            request,
-            sandbox=offer.sandbox,
-            origin=job.origin,
-            min_isolation=offer.min_isolation,
-            spare_warm=self.intake.spare_warm(job),
-            control=job.control,
-            runtime=offer.needs.runtime_name,
-        )
+        # Live output for an offer that asks for it, on a transport that can carry it (mesh/jobstream.py).
+        follow = offer.follow and job.delivery.stream is not None
+        job.stream = stream = JobStream(follow=follow)
+        job.control.on_output = stream.push
+        forwarded = trio.Event()
+        forwarding = trio.CancelScope()
+        if follow:
+            # In the node's nursery, not one around the run: an error in the run stays that error (the job's
+            # error boundary names it), and the forwarder's life is bounded below anyway.
+            self._nursery.start_soon(self._forward, job, forwarding, forwarded)
+        try:
+            result: ExecResult = await self.executor.run_code(
+                request,
+                sandbox=offer.sandbox,
+                origin=job.origin,
+                min_isolation=offer.min_isolation,
+                spare_warm=self.intake.spare_warm(job),
+                control=job.control,
+                runtime=offer.needs.runtime_name,
+            )
+        finally:
+            stream.close()
+            if follow:
+                # Every chunk goes before the result on the stream; a follower that reads too slowly loses the rest.
+                try:
+                    with trio.move_on_after(STREAM_FLUSH_S):
+                        await forwarded.wait()
+                finally:
+                    forwarding.cancel()
+                    stream.abandon()
         if result.exit_code is not None:  # a process ran; refusals (host, subset, busy) start nothing
             self.ran.append(offer.offer_id)
         self.metrics.results.labels(str(result.error_kind or "none"), str(result.queue_reason or "none")).inc()
@@ -507,6 +533,13 @@ class MeshNode:
         if result.queue_for_cloud:
             self.metrics.fallbacks.inc()
         return result
+
+    @staticmethod
+    async def _forward(job: Job, scope: trio.CancelScope, done: trio.Event) -> None:
+        assert job.stream is not None and job.delivery.stream is not None
+        with scope:
+            await job.stream.forward(job.delivery.stream)
+        done.set()
 
     def _abort_from_peer(self, sender: str, offer_id: bytes) -> bool:
         """An abort that arrived over the abort protocol: only the offer's own offerer may send it."""
@@ -532,11 +565,18 @@ class MeshNode:
     def sealed_direct(self, raw: bytes) -> bytes:
         return self.offerer.sealed_direct(raw)
 
-    async def offer_direct(self, peer: str, raw: bytes, *, cancel_on_stop: bool = False) -> OfferOutcome:
-        return await self.offerer.offer_direct(peer, raw, cancel_on_stop=cancel_on_stop)
+    async def offer_direct(
+        self,
+        peer: str,
+        raw: bytes,
+        *,
+        cancel_on_stop: bool = False,
+        on_output: Callable[[OutputChunk], None] | None = None,
+    ) -> OfferOutcome:
+        return await self.offerer.offer_direct(peer, raw, cancel_on_stop=cancel_on_stop, on_output=on_output)
 
-    async def cancel(self, peer: str, offer_id: bytes) -> OfferOutcome:
-        return await self.offerer.cancel(peer, offer_id)
+    async def cancel(self, peer: str, offer_id: bytes, *, signer: NodeIdentity | None = None) -> OfferOutcome:
+        return await self.offerer.cancel(peer, offer_id, signer=signer)
 
     async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0, replicas: int | None = None) -> OfferOutcome:
         return await self.offerer.offer_gossip(raw, timeout=timeout, replicas=replicas)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,11 @@ import trio
 from mesh.claims import ClaimDesk, ClaimJob, PostedOffer, Sealing
 from mesh.invitations import INVITEES, Candidate, candidates, choose_invitees
 from mesh.peers import PeerDirectory
-from transports.direct import ABORT_SEND_TIMEOUT, DirectTransport
+from transports.direct import ABORT_SEND_TIMEOUT, DirectAnswer, DirectTransport
 from transports.gossip import GossipTransport
 from transports.p2p import P2PHost
 from transports.wire.identity import NodeIdentity, public_key_of_peer_id
-from transports.wire.jobs import JobCancel
+from transports.wire.jobs import JobCancel, OutputChunk, StreamDigest
 from transports.wire.needs import Needs
 from transports.wire.offers import MAX_REPLY_ADDRS, OFFER_ID_SIZE, Audience, TaskOffer, now_ms, parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
@@ -51,6 +51,10 @@ class OfferOutcome:
     issues: int = 0
     # Gossip with replicas: every runner's verified result (the first is `result`), all agreeing when `result` is set.
     replicas: tuple[TaskResult, ...] = ()
+    # A followed offer: the output chunks received, and whether their digest is the one the result signs (None when
+    # nothing was followed).
+    streamed: int = 0
+    stream_verified: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -126,15 +130,39 @@ class Offerer:
         sealed = offer.sealed_with(SealKey().public).sign(self.identity)
         return direct_form(sealed, offer.payload)
 
-    async def offer_direct(self, peer: str, raw: bytes, *, cancel_on_stop: bool = False) -> OfferOutcome:
+    async def offer_direct(
+        self,
+        peer: str,
+        raw: bytes,
+        *,
+        cancel_on_stop: bool = False,
+        on_output: Callable[[OutputChunk], None] | None = None,
+    ) -> OfferOutcome:
         """Send any bytes (tests send garbage on purpose) and verify whatever comes back. With `cancel_on_stop`, a
-        caller that stops waiting (Ctrl-C) sends the offer's signed cancel on the stream instead of a bare abort."""
+        caller that stops waiting (Ctrl-C) sends the offer's signed cancel on the stream instead of a bare abort.
+        With `on_output`, a followed offer's (`follow`) live output chunks are handed to it as they come; the
+        outcome says whether they are what the result signs."""
         cancel = None
         offer_raw = _offer_of(raw)
         if cancel_on_stop:
             offer_id = parse_offer(offer_raw).offer.offer_id
             cancel = JobCancel.create(self.identity, offer_id).sign(self.identity)
-        answer = await self.direct.send_offer(peer, raw, cancel=cancel)
+        seen = StreamDigest()
+
+        def shown(chunk: OutputChunk) -> None:
+            seen.update(chunk)
+            if on_output is not None:
+                on_output(chunk)
+
+        answer = await self.direct.send_offer(peer, raw, cancel=cancel, on_output=None if on_output is None else shown)
+        outcome = self._verified_direct(peer, offer_raw, answer)
+        if on_output is None or outcome.result is None:
+            return outcome
+        return dataclasses.replace(
+            outcome, streamed=seen.count, stream_verified=seen.digest() == outcome.result.stream_digest
+        )
+
+    def _verified_direct(self, peer: str, offer_raw: bytes, answer: DirectAnswer) -> OfferOutcome:
         if answer.refusal is not None or answer.result is None:
             return OfferOutcome(refusal=answer.refusal or Rejection(Reason.MALFORMED, "empty answer"))
         try:
@@ -148,11 +176,14 @@ class Offerer:
             return OfferOutcome(refusal=Rejection(Reason.WRONG_EXECUTOR, "signed by another key than the peer's"))
         return OfferOutcome(result=result)
 
-    async def cancel(self, peer: str, offer_id: bytes) -> OfferOutcome:
+    async def cancel(self, peer: str, offer_id: bytes, *, signer: NodeIdentity | None = None) -> OfferOutcome:
         """Cancel this node's offer `offer_id` at the peer running it (a PeerID or a multiaddr ending in it): the
         outcome is the runner's signed result, `aborted` with the output so far, or how the job had already ended;
-        or the runner's refusal (`unknown_offer`, `not_offerer`)."""
-        raw = JobCancel.create(self.identity, offer_id).sign(self.identity)
+        or the runner's refusal (`unknown_offer`, `not_offerer`). `signer`: the offer's key, when this node's own is
+        another (`edgecoder cancel` connects under a throwaway key, so as not to displace the offering process's
+        connection, which has the offer's key as its PeerID)."""
+        signer = signer or self.identity
+        raw = JobCancel.create(signer, offer_id).sign(signer)
         answer = await self.direct.send_cancel(peer, raw)
         if answer.refusal is not None or answer.result is None:
             return OfferOutcome(refusal=answer.refusal or Rejection(Reason.MALFORMED, "empty answer"))

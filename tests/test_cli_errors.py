@@ -103,6 +103,7 @@ def test_an_oversized_offer_is_refused_before_dialling(tmp_path: Path) -> None:
 
 @pytest.mark.docker
 def test_ctrl_c_on_offer_exits_130_and_the_node_stops_the_run(tmp_path: Path) -> None:
+    """Ctrl-C sends the offer's signed cancel on its stream: the node counts a cancel, and the run ends."""
     metrics_port = free_port()
     node = NodeProcess(keygen(tmp_path / "node"), "--metrics-port", str(metrics_port))
     code = tmp_path / "sleep.py"
@@ -133,7 +134,7 @@ def test_ctrl_c_on_offer_exits_130_and_the_node_stops_the_run(tmp_path: Path) ->
         while metric("edgecoder_runs_in_flight") > 0:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert metric("edgecoder_jobs_abandoned_total") == 1
+        assert metric("edgecoder_jobs_cancelled_total") == 1
     finally:
         node.stop()
 

@@ -356,3 +356,40 @@ def test_an_offer_refused_for_want_of_room_says_when_to_retry(keys: dict[str, Pa
             holder.kill()
             holder.wait()
         assert node.stop() == 0
+
+
+def test_edgecoder_cancel_stops_a_job_and_prints_its_signed_aborted_result(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    """`edgecoder offer` in one process, `edgecoder cancel` with the same key in another: the offer gets the aborted
+    result with the program's first line, and so does the cancel; another key's cancel is refused (exit 3)."""
+    node = NodeProcess(keys["a"])
+    talker = tmp_path / "talker.py"
+    first_line = "started " + "x" * 100
+    talker.write_text(f"import time\nprint({first_line!r}, flush=True)\ntime.sleep(60)\n")
+    try:
+        offer = subprocess.Popen(
+            [*CLI, "offer", "--key", str(keys["offerer"]), "--to", node.addr, "--language", "python"]  # noqa: RUF005
+            + ["--code-file", str(talker), "--timeout-ms", "40000", "--wait-s", "90", "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert offer.stdout is not None
+        header = json.loads(offer.stdout.readline())  # --follow: the offer's id first, then its output as it comes
+        offer_id = header["offerId"]
+        assert offer.stdout.readline() == first_line + "\n"  # the first line, before the program ends
+        refused = edgecoder("cancel", "--key", str(keys["refuser"]), "--to", node.addr, offer_id)
+        assert refused.returncode == 3 and last_json(refused.stdout)["refusal"] == "not_offerer", refused
+        cancelled = edgecoder("cancel", "--key", str(keys["offerer"]), "--to", node.addr, offer_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        shown = last_json(cancelled.stdout)
+        assert (shown["ok"], shown["errorKind"], shown["stdout"]) == (False, "aborted", first_line + "\n")
+        out, err = offer.communicate(timeout=60)
+        assert offer.returncode == 1, (out, err)
+        followed = last_json(out)
+        assert followed["streamed"] >= 1 and followed["streamVerified"] is True  # what it showed is what was signed
+        assert {k: followed[k] for k in shown} == shown
+    finally:
+        node.stop()

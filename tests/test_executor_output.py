@@ -90,3 +90,22 @@ def test_bounded_buffer_decodes_a_cut_character_as_replacement() -> None:
     buffer.append("aaa\u00e9".encode())  # 5 bytes: the cut falls inside the two-byte é
     assert buffer.truncated
     assert buffer.text() == "aaa\ufffd"
+
+
+@given(frames=frames_strategy, cuts=st.lists(st.integers(min_value=0), max_size=30))
+def test_a_follower_sees_what_is_captured_in_order_and_a_short_line_at_once(
+    frames: list[tuple[int, bytes]], cuts: list[int]
+) -> None:
+    """What `on_output` hands a follower is exactly what the result keeps, in order; and output that cannot be the
+    start of the trailer is not held back waiting for more (a short line is seen when it is printed)."""
+    seen: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    demux = AttachDemuxer(10_000, 10_000, nonce=NONCE, on_output=lambda s, d: seen[s].append(d))
+    stream = b"".join(frame(s, p) for s, p in frames) + frame(2, TRAILER) + frame(1, TRAILER)
+    feed_in_pieces(demux, stream, cuts)
+    assert demux.exit_status == 42
+    assert b"".join(seen["stdout"]).decode("utf-8", errors="replace") == demux.stdout.text()
+    assert b"".join(seen["stderr"]).decode("utf-8", errors="replace") == demux.stderr.text()
+    line = AttachDemuxer(100, 100, nonce=NONCE, on_output=lambda s, d: seen[s].append(d))
+    seen["stdout"].clear()
+    line.feed(frame(1, b"hi\n"))
+    assert seen["stdout"] == [b"hi\n"]

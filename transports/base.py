@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import trio
 
+from transports.wire.jobs import OutputChunk
 from transports.wire.reasons import Rejection
 from transports.wire.sealed import Payload
 
@@ -22,6 +23,8 @@ from transports.wire.sealed import Payload
 ClaimFn = Callable[[], Awaitable[bool]]
 # Carries the signed result (wire bytes) back to the offerer.
 ReplyFn = Callable[[bytes], Awaitable[None]]
+# Carries one chunk of live output to a following offerer; False once it no longer takes any.
+StreamFn = Callable[[OutputChunk], Awaitable[bool]]
 
 
 async def _no_claim_needed() -> bool:
@@ -43,6 +46,9 @@ class Delivery:
     # closed or timed out, or it sent an abort). The worker runs the job inside it, so the cancel reaches the
     # container. A scope may be cancelled before the worker enters it: the job then never starts.
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # Where the transport can carry live output to the offerer as it comes (a direct offer stream): used when the
+    # offer asks for it (`follow`). None: the result is the only answer.
+    stream: StreamFn | None = None
     # A sealed offer's payload, set by `claim` when the grant carried it: opened and checked against the offer's
     # digests, or why not (`payload_mismatch`, `malformed`). None for a clear offer, or before the grant.
     payload: Payload | Rejection | None = None

@@ -3,6 +3,7 @@ speaks it, else on a stream per exchange."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -27,8 +28,29 @@ from transports.direct.result import RESULT_PROTOCOL
 from transports.direct.status import STATUS_PROTOCOL
 from transports.framing import FrameError, read_frame, write_frame
 from transports.p2p import DialError
-from transports.wire.codec import pack
-from transports.wire.reasons import Reason, Rejection
+from transports.wire.codec import pack, unpack_strict
+from transports.wire.jobs import OutputChunk
+from transports.wire.reasons import Reason, Rejected, Rejection
+
+# Told of each live output chunk of a followed offer, in order, as it comes.
+OutputFn = Callable[[OutputChunk], None]
+# Output chunks one followed offer may stream: its two capped streams in 16 KiB chunks many times over. A runner
+# that streams more (a stream that never ends) is refused `too_large`.
+MAX_OUTPUT_FRAMES = 4096
+
+
+def output_chunk(frame: bytes) -> OutputChunk | Rejection | None:
+    """The frame as an output chunk; None when it is not one (the answer); `malformed` when it is a bad one."""
+    try:
+        value = unpack_strict(frame, max_size=MAX_RESULT_FRAME)
+    except Rejected:
+        return None  # decode_answer says why
+    if not (isinstance(value, dict) and value.get("type") == "output"):
+        return None
+    try:
+        return OutputChunk.from_wire(value)
+    except Rejected as exc:
+        return exc.rejection
 
 
 class DirectClient(DirectCore):
@@ -42,6 +64,7 @@ class DirectClient(DirectCore):
         answer_timeout: float,
         max_answer: int,
         abort_frame: bytes | None = None,
+        on_output: OutputFn | None = None,
     ) -> dict[str, Any] | Rejection:
         """Send one request frame and read one answer. A failed link is `unreachable`, never the peer's refusal.
 
@@ -59,24 +82,41 @@ class DirectClient(DirectCore):
                     await write_frame(stream, payload)
             except (Exception, trio.TooSlowError) as exc:
                 return Rejection(Reason.UNREACHABLE, f"could not send to {peer_id}: {type(exc).__name__}")
-            try:
-                frame = await read_frame(stream, max_len=max_answer, timeout=answer_timeout)
-            except FrameError as exc:
-                return Rejection(ANSWER_FRAME_REASONS[exc.reason], f"answer from {peer_id}: {exc.detail}")
-            except trio.Cancelled:
-                if abort_frame is not None:
-                    with trio.CancelScope(shield=True), trio.move_on_after(ABORT_SEND_TIMEOUT):
-                        await write_frame(stream, abort_frame)
-                raise
-            return decode_answer(frame, expected)
+            deadline = trio.current_time() + answer_timeout
+            for _ in range(MAX_OUTPUT_FRAMES + 1):
+                try:
+                    left = max(0.0, deadline - trio.current_time())
+                    frame = await read_frame(stream, max_len=max_answer, timeout=left)
+                except FrameError as exc:
+                    return Rejection(ANSWER_FRAME_REASONS[exc.reason], f"answer from {peer_id}: {exc.detail}")
+                except trio.Cancelled:
+                    if abort_frame is not None:
+                        with trio.CancelScope(shield=True), trio.move_on_after(ABORT_SEND_TIMEOUT):
+                            await write_frame(stream, abort_frame)
+                    raise
+                chunk = output_chunk(frame) if on_output is not None else None
+                if chunk is None or on_output is None:
+                    return decode_answer(frame, expected)
+                if isinstance(chunk, Rejection):
+                    return chunk
+                on_output(chunk)
+            return Rejection(Reason.TOO_LARGE, f"{peer_id} streamed over {MAX_OUTPUT_FRAMES} output chunks")
         finally:
             with trio.CancelScope(shield=True):
                 await close_stream(stream)
 
-    async def send_offer(self, maddr_or_peer: str, offer_raw: bytes, *, cancel: bytes | None = None) -> DirectAnswer:
+    async def send_offer(
+        self,
+        maddr_or_peer: str,
+        offer_raw: bytes,
+        *,
+        cancel: bytes | None = None,
+        on_output: OutputFn | None = None,
+    ) -> DirectAnswer:
         """Offer work directly to one peer and wait for its signed result (or its refusal). With `cancel` (the
         offer's signed cancel), a caller that stops waiting sends it instead of a bare abort: the runner then stops
-        the run keeping its output, as for any cancel."""
+        the run keeping its output, as for any cancel. With `on_output`, a followed offer's output chunks are handed
+        to it as they come, before the result."""
         answer = await self._exchange(
             maddr_or_peer,
             OFFER_PROTOCOL,
@@ -86,6 +126,7 @@ class DirectClient(DirectCore):
             answer_timeout=self.result_timeout + self.stall_timeout,
             max_answer=MAX_RESULT_FRAME,
             abort_frame=pack({"type": "abort"} if cancel is None else {"type": "cancel", "cancel": cancel}),
+            on_output=on_output,
         )
         return self._result_answer(answer)
 

@@ -21,6 +21,7 @@ from transports.direct.messages import (
 )
 from transports.framing import FrameError, read_frame
 from transports.hardening.refusals import Refusal
+from transports.wire.jobs import OutputChunk
 from transports.wire.offers import parse_offer
 from transports.wire.reasons import Reason, Rejected, Rejection
 from transports.wire.sealed import Payload, is_direct_form, open_direct_form
@@ -56,6 +57,14 @@ class _OfferExchange:
                 self.answered.set()
             if not written:
                 raise ReplyError("the offerer's stream closed before the result could be written")
+
+    async def send_chunk(self, chunk: OutputChunk) -> bool:
+        """Live output for a following offerer, before the result on the same stream; False once the stream no
+        longer takes it (answered, timed out, or the offerer stopped reading)."""
+        async with self.lock:
+            if self.replied or self.expired:
+                return False
+            return await write_message(self.stream, chunk.to_wire())
 
     async def expire(self) -> bool:
         """Refuse with `timeout` unless the result got there first; True when we refused."""
@@ -105,7 +114,15 @@ class OfferProtocol(DirectCore):
                 return
             raw, payload = opened
         exchange = _OfferExchange(stream)
-        delivery = Delivery(raw, "direct", sender=peer, reply=exchange.reply, direct=True, payload=payload)
+        delivery = Delivery(
+            raw,
+            "direct",
+            sender=peer,
+            reply=exchange.reply,
+            direct=True,
+            payload=payload,
+            stream=exchange.send_chunk,
+        )
         verdict = await sink.deliver(delivery)
         if not isinstance(verdict, Admitted):
             if verdict.reason in NO_ROOM:

@@ -47,6 +47,7 @@ from simulations.worker_client import WorkerProcess, open_workers
 from simulations.workload import SHORT_TASK
 from transports.gossip import OFFERS_TOPIC
 from transports.wire.offers import parse_offer
+from transports.wire.sealed import Payload
 
 SIZES_FULL = (16, 64, 200)
 SIZES_QUICK = (8, 16)
@@ -100,10 +101,11 @@ class Work:
 
 
 class IssueLog:
-    """Every issue the offerers publish (the first and each re-issue), tied to its work by the work's input."""
+    """Every issue the offerers publish (the first and each re-issue), tied to its work by the digest of the work's
+    input (a sealed offer carries the digest, not the input; a clear one's is computed the same way)."""
 
     def __init__(self) -> None:
-        self.works: dict[int, Work] = {}
+        self.works: dict[bytes, Work] = {}
 
     def watch(self, node: MeshNode) -> None:
         pubsub = node.gossip.pubsub
@@ -112,7 +114,8 @@ class IssueLog:
         async def publish(topic_id: Any, data: bytes) -> None:
             if topic_id == OFFERS_TOPIC:
                 offer = parse_offer(data).offer
-                work = self.works.get(int(offer.input["xs"][0]))
+                key = offer.sealed.input_digest if offer.sealed is not None else offer.payload.terms(b"").input_digest
+                work = self.works.get(key)
                 if work is not None:
                     stamp = time.monotonic()
                     work.issues.append(
@@ -279,9 +282,15 @@ async def _mesh_hops(workers: list[WorkerProcess], offerers: list[MeshNode]) -> 
     return result
 
 
+def work_input(index: int, size: int) -> dict[str, list[int]]:
+    return {"xs": [index, size]}
+
+
 async def _offer_all(offerers: list[MeshNode], log: IssueLog, works: list[Work], plan: Plan, size: int) -> None:
     async def one(work: Work, node: MeshNode) -> None:
-        raw = node.make_offer(language="python", code=SHORT_TASK, input={"xs": [work.index, size]}, limits=OFFER_LIMITS)
+        raw = node.make_offer(
+            language="python", code=SHORT_TASK, input=work_input(work.index, size), limits=OFFER_LIMITS
+        )
         work.started = time.monotonic()
         work.outcome = await node.offer_gossip(raw, timeout=OFFER_TIMEOUT_S)
         work.finished = time.monotonic()
@@ -293,7 +302,7 @@ async def _offer_all(offerers: list[MeshNode], log: IssueLog, works: list[Work],
                 node = offerers[i % len(offerers)]
                 work = Work(i, node.peer_id)
                 works.append(work)
-                log.works[i] = work
+                log.works[Payload(SHORT_TASK, work_input(i, size)).terms(b"").input_digest] = work
                 nursery.start_soon(one, work, node)
                 await trio.sleep(1 / plan.rate)
             await trio.sleep(DELIVERY_WINDOW)  # the last offer's delivery window is part of the busy window

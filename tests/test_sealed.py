@@ -37,6 +37,8 @@ from transports.wire.sealed import (
     RESULT_INFO,
     Payload,
     SealKey,
+    direct_form,
+    open_direct_form,
     open_payload,
     open_sealed_result,
     seal_payload,
@@ -247,6 +249,12 @@ def build() -> dict[str, dict[str, Any]]:
             "plaintext": payload.encode().hex(),
             "sealed": seal_payload(payload, digest, claim.public).hex(),
         },
+        "sealed-direct-v1": {
+            "what": "a direct offer frame in the envelope-plus-payload form: {offer, payload}, canonical msgpack",
+            "offerWire": wire.hex(),
+            "payload": payload.encode().hex(),
+            "frame": direct_form(wire, payload).hex(),
+        },
         "sealed-result-v1": {
             "suite": "HPKE base mode: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20-Poly1305",
             "offerDigest": digest.hex(),
@@ -290,6 +298,15 @@ def test_the_independent_implementation_opens_what_we_seal_now() -> None:
     sealed = seal_payload(Payload("print(1)", [MARKER]), bytes(32), claim.public_key().public_bytes_raw())
     plaintext = hpke_base_open(claim.private_bytes_raw(), sealed, PAYLOAD_INFO + bytes(32))
     assert msgpack.unpackb(plaintext) == {"code": "print(1)", "input": [MARKER]}
+
+
+def test_the_direct_form_vector_opens_to_the_sealed_offer_and_a_payload_that_matches_it() -> None:
+    vector = _vector("sealed-direct-v1")
+    wire, offer = _sealed_offer_vector()
+    raw, payload = open_direct_form(bytes.fromhex(vector["frame"]), max_size=1 << 20)
+    assert raw == wire and offer.sealed is not None
+    payload.check(offer.sealed)
+    assert msgpack.unpackb(bytes.fromhex(vector["frame"])) == {"offer": wire, "payload": payload.encode()}
 
 
 def test_the_sealed_vectors_describe_the_committed_offer_and_result() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import trio
@@ -123,25 +123,18 @@ class Strikes:
         return len(self._counts)
 
 
+@dataclass(eq=False)
 class ClaimDesk:
-    def __init__(
-        self,
-        peers: PeerDirectory,
-        *,
-        redundancy: int = 1,
-        lease_margin_s: float = LEASE_MARGIN_S,
-        ask_status: AskStatus | None = None,
-        capacity: int = 10_000,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.peers = peers
-        self.redundancy = redundancy
-        self.lease_margin_s = lease_margin_s
-        self._ask_status = ask_status
-        self.capacity = capacity
-        self._monotonic = monotonic
-        self._posted: OrderedDict[bytes, PostedOffer] = OrderedDict()
-        self.strikes = Strikes()
+    peers: PeerDirectory
+    _: KW_ONLY
+    redundancy: int = 1
+    lease_margin_s: float = LEASE_MARGIN_S
+    # Asks a claimant we have no status of for its own (the direct transport's status request).
+    ask_status: AskStatus | None = None
+    capacity: int = 10_000
+    monotonic: Callable[[], float] = time.monotonic
+    _posted: OrderedDict[bytes, PostedOffer] = field(default_factory=OrderedDict, init=False, repr=False)
+    strikes: Strikes = field(default_factory=Strikes, init=False)
 
     def post(self, received: ReceivedOffer, job: ClaimJob | None = None, sealing: Sealing | None = None) -> PostedOffer:
         """Open an issue for claims; `job` joins it to the earlier issues of the same work. A sealed offer comes
@@ -165,19 +158,19 @@ class ClaimDesk:
         self._posted.pop(offer_id, None)
 
     def _live_grants(self, job: ClaimJob) -> list[_Grant]:
-        now = self._monotonic()
+        now = self.monotonic()
         delivered = {r.executor for r in job.results}
         return [g for g in job.grants if g.deadline > now or _key_of(g.claimant) in delivered]
 
     async def _claimant_status(self, claimant: str, status: dict[str, Any] | None) -> Heartbeat | None:
         """The claimant's own word on itself: sent with its claim, known from presence, or asked for."""
         if status is not None:
-            sent = Heartbeat.parse(claimant, status, self._monotonic())
+            sent = Heartbeat.parse(claimant, status, self.monotonic())
             if sent is not None:
                 return sent
         known = self.peers.get(claimant)
-        if known is None and self._ask_status is not None:
-            answer = await self._ask_status(claimant)
+        if known is None and self.ask_status is not None:
+            answer = await self.ask_status(claimant)
             if not isinstance(answer, Rejection):
                 known = self.peers.observe(claimant, answer)
         return known
@@ -259,7 +252,7 @@ class ClaimDesk:
         if len(live) >= job.redundancy or job.complete:
             return Rejection(Reason.CLAIM_REFUSED, "already claimed")
         lease = offer.limits.timeout_ms / 1000 + self.lease_margin_s
-        job.grants = [*live, _Grant(claimant, offer.offer_id, self._monotonic() + lease)]
+        job.grants = [*live, _Grant(claimant, offer.offer_id, self.monotonic() + lease)]
         return None
 
     async def accept_result(self, raw: bytes, sender: str) -> Rejection | None:

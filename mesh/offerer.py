@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -61,36 +61,24 @@ class OfferOutcome:
         return self.result is not None and self.result.result.ok
 
 
+@dataclass(eq=False)
 class Offerer:
     """The offerer's side of a node: what it needs of the node is passed in, it owns nothing that runs."""
 
-    def __init__(
-        self,
-        identity: NodeIdentity,
-        p2p: P2PHost,
-        peers: PeerDirectory,
-        desk: ClaimDesk,
-        direct: DirectTransport,
-        gossip: GossipTransport,
-        *,
-        invitees: int = INVITEES,
-        invite_window_s: float = 1.0,
-        claim_redundancy: int = 1,
-        seal_gossip: bool = True,
-    ) -> None:
-        self.identity = identity
-        self.p2p = p2p
-        self.peers = peers
-        self.desk = desk
-        self.direct = direct
-        self.gossip = gossip
-        # How many runners to invite per issue of a gossip offer, how long to wait for one of them to claim before
-        # inviting others, and how many distinct runners must agree by default (NodeConfig says more).
-        self.invitees = invitees
-        self.invite_window_s = invite_window_s
-        self.claim_redundancy = claim_redundancy
-        # Our own clear offers go out sealed: gossip carries no code and no input (transports/wire/sealed.py).
-        self.seal_gossip = seal_gossip
+    identity: NodeIdentity
+    p2p: P2PHost
+    peers: PeerDirectory
+    desk: ClaimDesk
+    direct: DirectTransport
+    gossip: GossipTransport
+    _: KW_ONLY
+    # How many runners to invite per issue of a gossip offer, how long to wait for one of them to claim before
+    # inviting others, and how many distinct runners must agree by default (NodeConfig says more).
+    invitees: int = INVITEES
+    invite_window_s: float = 1.0
+    claim_redundancy: int = 1
+    # Our own clear offers go out sealed: gossip carries no code and no input (transports/wire/sealed.py).
+    seal_gossip: bool = True
 
     async def wait_for_runner(self, *, timeout: float) -> bool:
         """Wait until a runner is known (a neighbour's status, or one a neighbour reports) and some peer takes

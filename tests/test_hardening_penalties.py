@@ -110,7 +110,9 @@ async def server(*, limits: PenaltyLimits | None = None, holdoff: BusyHoldoff | 
     ):
         sink.nursery = nursery
         sink.reply_with = b"result"
-        direct = DirectTransport(host, desk, stall_timeout=2.0, holdoff=holdoff)
+        direct = DirectTransport(
+            host, desk, stall_timeout=2.0, holdoff=holdoff if holdoff is not None else BusyHoldoff()
+        )
         await nursery.start(direct.run, sink)
         yield Server(host, direct, sink, desk, refusals)
         nursery.cancel_scope.cancel()

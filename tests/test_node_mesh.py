@@ -500,13 +500,13 @@ def test_a_claim_brings_the_claimants_status_so_the_offerer_need_not_know_it_or_
             assert await offerer.wait_for_runner(timeout=10)
             offerer.peers.forget(runner.peer_id)
             asked: list[str] = []
-            ask = offerer.desk._ask_status
+            ask = offerer.desk.ask_status
 
             async def counting(peer: str) -> Any:
                 asked.append(peer)
                 return await ask(peer) if ask is not None else None
 
-            offerer.desk._ask_status = counting
+            offerer.desk.ask_status = counting
             raw = offerer.make_offer(language="python", code="print('asked')")
             outcome = await offerer.offer_gossip(raw, timeout=20)
             assert outcome.result is not None, outcome.refusal

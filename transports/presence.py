@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -69,34 +70,28 @@ def material(status: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+@dataclass(eq=False)
 class Presence:
     name = "presence"
 
-    def __init__(
-        self,
-        host: P2PHost,
-        wire: StatusWire,
-        directory: NeighbourRecord,
-        status: StatusFn,
-        *,
-        refresh_every: float = 30.0,
-        check_every: float = 0.5,
-        min_push_gap: float = 1.0,
-    ) -> None:
-        self.host = host
-        self.wire = wire
-        self.directory = directory
-        self.status = status
-        self.refresh_every = refresh_every
-        self.check_every = check_every
-        self.min_push_gap = min_push_gap
-        self._wake = trio.Event()
-        self._connections = trio.Event()
-        self._limit = trio.Semaphore(PARALLEL_EXCHANGES)
-        self._asked: set[str] = set()  # neighbours asked (or being asked) since they connected
-        self.pushes = 0
-        self.pulls = 0
-        host.on_connection(self._on_connection)
+    host: P2PHost
+    wire: StatusWire
+    directory: NeighbourRecord
+    status: StatusFn
+    _: KW_ONLY
+    refresh_every: float = 30.0
+    check_every: float = 0.5
+    min_push_gap: float = 1.0
+    pushes: int = field(default=0, init=False)
+    pulls: int = field(default=0, init=False)
+    _wake: trio.Event = field(default_factory=trio.Event, init=False, repr=False)
+    _connections: trio.Event = field(default_factory=trio.Event, init=False, repr=False)
+    _limit: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(PARALLEL_EXCHANGES), init=False, repr=False)
+    # Neighbours asked (or being asked) since they connected.
+    _asked: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.host.on_connection(self._on_connection)
 
     def changed(self) -> None:
         """Our status changed in a way neighbours should hear of now (the node calls this on a gate change)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import trio
@@ -67,45 +68,36 @@ class SealedOfferDesk(OfferDesk, Protocol):
         ...
 
 
+@dataclass(eq=False)
 class DirectCore:
-    def __init__(
-        self,
-        host: P2PHost,
-        desk: OfferDesk,
-        *,
-        max_frame: int = 256 * 1024 + 1024,
-        stall_timeout: float = 10.0,
-        result_timeout: float = 120.0,
-        status: Callable[[], dict[str, Any]] | None = None,
-        abort: AbortFn | None = None,
-        presence: PresenceFn | None = None,
-        holdoff: BusyHoldoff | None = None,
-        cancel: CancelFn | None = None,
-    ) -> None:
-        self.host = host
-        self.cancel = cancel
-        self.status = status
-        self.abort = abort
-        self.presence = presence
-        self.sink: OfferSink | None = None  # set by run(): offers are refused until then
-        self.desk = desk
-        self.max_frame = max_frame
-        self.stall_timeout = stall_timeout
-        self.result_timeout = result_timeout
-        # Refusals we sent, by reason, and handlers currently running (tests prove a stalled one is freed).
-        self.refused: Counter[str] = Counter()
-        self.active_handlers = 0
-        # Peers with an exchange in progress here, by PeerID: the connection manager does not trim them.
-        self.exchanges: Counter[str] = Counter()
-        self.aborted = 0  # jobs cancelled because their offerer stopped waiting
-        self.cancels_taken = 0  # signed cancels that stopped a job (or got its finished result)
-        # Peers refused for want of room, until their retry hint runs out (transports.hardening.holdoff).
-        self.holdoff = holdoff if holdoff is not None else BusyHoldoff()
-        # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;
-        # the client methods fall back to a stream per exchange otherwise.
+    host: P2PHost
+    desk: OfferDesk
+    _: KW_ONLY
+    max_frame: int = 256 * 1024 + 1024
+    stall_timeout: float = 10.0
+    result_timeout: float = 120.0
+    status: Callable[[], dict[str, Any]] | None = None
+    abort: AbortFn | None = None
+    presence: PresenceFn | None = None
+    # Peers refused for want of room, until their retry hint runs out (transports.hardening.holdoff).
+    holdoff: BusyHoldoff = field(default_factory=BusyHoldoff)
+    cancel: CancelFn | None = None
+    sink: OfferSink | None = field(default=None, init=False)  # set by run(): offers are refused until then
+    # Refusals we sent, by reason, and handlers currently running (tests prove a stalled one is freed).
+    refused: Counter[str] = field(default_factory=Counter, init=False)
+    active_handlers: int = field(default=0, init=False)
+    # Peers with an exchange in progress here, by PeerID: the connection manager does not trim them.
+    exchanges: Counter[str] = field(default_factory=Counter, init=False)
+    aborted: int = field(default=0, init=False)  # jobs cancelled because their offerer stopped waiting
+    cancels_taken: int = field(default=0, init=False)  # signed cancels that stopped a job (or got its finished result)
+    # Our requests to each peer, on one long-lived stream per peer (transports.control). Used while `run` runs;
+    # the client methods fall back to a stream per exchange otherwise.
+    control: ControlChannels = field(init=False)
+    use_control: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
         # A grant for a sealed offer carries its payload: answers get a result's room.
-        self.control = ControlChannels(host, max_answer=MAX_RESULT_FRAME, frame_timeout=stall_timeout)
-        self.use_control = True
+        self.control = ControlChannels(self.host, max_answer=MAX_RESULT_FRAME, frame_timeout=self.stall_timeout)
 
     async def _refuse(self, stream: INetStream, rejection: Rejection) -> None:
         self.refused[str(rejection.reason)] += 1

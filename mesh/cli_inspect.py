@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +79,28 @@ def _inspect(fn: Any) -> Any:
     return fn
 
 
+def _show(
+    metrics: str | None,
+    config_file: Path | None,
+    as_json: bool,
+    pick: Callable[[dict[str, Any]], dict[str, Any]],
+    text: Callable[[dict[str, Any]], str],
+) -> None:
+    """The node's /status: `pick`'s part of it as JSON, or `text` of it for people."""
+    report = fetch_status(metrics, config_file)
+    if as_json:
+        emit(pick(report))
+    else:
+        click.echo(text(report))
+
+
 @click.command()
 @_inspect
 def status(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
     """What a running node is doing: its PeerID, addresses, sandbox, runs, queue, peers and jobs."""
     from mesh.inspect import format_status
 
-    report = fetch_status(metrics, config_file)
-    if as_json:
-        emit(report)
-    else:
-        click.echo(format_status(report))
+    _show(metrics, config_file, as_json, lambda report: report, format_status)
 
 
 @click.command()
@@ -97,11 +109,13 @@ def peers(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
     """The peers a running node is connected to, or hears heartbeats from."""
     from mesh.inspect import format_peers
 
-    report = fetch_status(metrics, config_file)
-    if as_json:
-        emit({"peerId": report["peerId"], "peers": report.get("peers", [])})
-    else:
-        click.echo(format_peers(report))
+    _show(
+        metrics,
+        config_file,
+        as_json,
+        lambda report: {"peerId": report["peerId"], "peers": report.get("peers", [])},
+        format_peers,
+    )
 
 
 @click.command()
@@ -110,8 +124,14 @@ def jobs(metrics: str | None, config_file: Path | None, as_json: bool) -> None:
     """The offers a running node is working on, and the last ones it answered."""
     from mesh.inspect import format_jobs
 
-    report = fetch_status(metrics, config_file)
-    if as_json:
-        emit({"peerId": report["peerId"], "queueDepth": report.get("queueDepth"), "jobs": report.get("jobs", [])})
-    else:
-        click.echo(format_jobs(report))
+    _show(
+        metrics,
+        config_file,
+        as_json,
+        lambda report: {
+            "peerId": report["peerId"],
+            "queueDepth": report.get("queueDepth"),
+            "jobs": report.get("jobs", []),
+        },
+        format_jobs,
+    )

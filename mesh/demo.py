@@ -190,42 +190,41 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
             expect_output(outcome, BLE_HELLO, "the BLE offer says hello")
 
         print("\nWhat the mesh refuses, and why:")
-        outcome, ms = await _timed(
-            lambda: laptop.offer_direct(
-                refuser.addrs[0], laptop.make_offer(to=refuser.peer_id, language="python", code=SUM_PY)
-            )
-        )
-        _line("direct offer to the no-sandbox node", outcome, ms, names, expected_refusal=True)
-        expect(outcome.refusal is not None and outcome.refusal.reason == "sandbox_unavailable", "no-sandbox refuses")
 
+        async def expect_refused(title: str, to: MeshNode, raw: bytes, reason: str, what: str) -> None:
+            outcome, ms = await _timed(lambda: laptop.offer_direct(to.addrs[0], raw))
+            _line(title, outcome, ms, names, expected_refusal=True)
+            expect(outcome.refusal is not None and outcome.refusal.reason == reason, what)
+
+        await expect_refused(
+            "direct offer to the no-sandbox node",
+            refuser,
+            laptop.make_offer(to=refuser.peer_id, language="python", code=SUM_PY),
+            "sandbox_unavailable",
+            "no-sandbox refuses",
+        )
         host = laptop.make_offer(to=nodes[0].peer_id, language="python", code="print('on the host?')", sandbox="host")
-        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], host))
-        _line("remote offer asking for the host", outcome, ms, names, expected_refusal=True)
-        expect(
-            outcome.refusal is not None and outcome.refusal.reason == "sandbox_required_for_remote_task",
+        await expect_refused(
+            "remote offer asking for the host",
+            nodes[0],
+            host,
+            "sandbox_required_for_remote_task",
             "host execution is refused for remote work",
         )
-
         tampered = bytearray(laptop.make_offer(to=nodes[0].peer_id, language="python", code="print('tampered')"))
         tampered[-10] ^= 0x01
-        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], bytes(tampered)))
-        _line("tampered offer", outcome, ms, names, expected_refusal=True)
-        expect(outcome.refusal is not None and outcome.refusal.reason == "bad_signature", "tampering is refused")
-
-        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[-1].addrs[0], direct))
-        _line("the direct offer, replayed", outcome, ms, names, expected_refusal=True)
-        expect(outcome.refusal is not None and outcome.refusal.reason == "replayed", "replays are refused")
-
+        await expect_refused("tampered offer", nodes[0], bytes(tampered), "bad_signature", "tampering is refused")
+        await expect_refused("the direct offer, replayed", nodes[-1], direct, "replayed", "replays are refused")
         # Anyone who heard the gossip offer could send it straight to a node: its signed audience says "claimed".
-        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], offer))
-        _line("the gossip offer, re-sent directly", outcome, ms, names, expected_refusal=True)
-        expect(outcome.refusal is not None and outcome.refusal.reason == "wrong_audience", "audiences are enforced")
-
+        await expect_refused(
+            "the gossip offer, re-sent directly", nodes[0], offer, "wrong_audience", "audiences are enforced"
+        )
         strong = laptop.make_offer(to=nodes[0].peer_id, language="python", code="print(1)", min_isolation="gvisor")
-        outcome, ms = await _timed(lambda: laptop.offer_direct(nodes[0].addrs[0], strong))
-        _line("an offer that needs gVisor, to runc", outcome, ms, names, expected_refusal=True)
-        expect(
-            outcome.refusal is not None and outcome.refusal.reason == "isolation_insufficient",
+        await expect_refused(
+            "an offer that needs gVisor, to runc",
+            nodes[0],
+            strong,
+            "isolation_insufficient",
             "a node refuses an offer whose minimum sandbox tier it cannot meet",
         )
 

@@ -11,22 +11,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from transports.wire.reasons import Reason
+from transports.wire.reasons import BAD_OFFER, Reason
 
 Disposition = Literal["failed", "requeue_elsewhere", "requeue"]
 
-_OFFER_IS_BAD = frozenset(
-    {
-        Reason.TOO_LARGE,
-        Reason.MALFORMED,
-        Reason.UNSUPPORTED_VERSION,
-        Reason.BAD_SIGNATURE,
-        Reason.EXPIRED,
-        Reason.NOT_YET_VALID,
-        Reason.TTL_TOO_LONG,
-        Reason.SANDBOX_REQUIRED,  # it asked to run on the host: every node refuses that for remote work
-    }
-)
+# It asked to run on the host: every node refuses that for remote work, as it refuses a bad offer.
+_OFFER_IS_BAD = BAD_OFFER | {Reason.SANDBOX_REQUIRED}
 _AGENT_POLICY = frozenset({Reason.LANGUAGE_NOT_ALLOWED, Reason.OFFERER_DENIED, Reason.REPLAYED})
 
 

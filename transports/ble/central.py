@@ -51,13 +51,7 @@ log = logging.getLogger(__name__)
 class NodePort(Protocol):
     """How the asyncio side reaches the node. Every method is called on the asyncio loop."""
 
-    async def deliver(
-        self,
-        raw: bytes,
-        sender: str,
-        claim: ClaimFn,
-        reply: ReplyFn,
-    ) -> Verdict: ...
+    async def deliver(self, raw: bytes, sender: str, claim: ClaimFn, reply: ReplyFn) -> Verdict: ...
 
     def report(self, outcome: SessionOutcome) -> None: ...
 

@@ -141,6 +141,17 @@ class HciRadio:
         return OfferingPeerHandle(self.thread, await self.thread.run(start))
 
 
+async def quiet_device(device: Any) -> None:
+    """Stop a bumble device's scan and drop its links, each step ignoring a device already gone, so that no HCI
+    command is left in flight when it powers off."""
+    with contextlib.suppress(Exception):
+        if device.is_scanning:
+            await device.stop_scanning()
+    for connection in list(device.connections.values()):
+        with contextlib.suppress(Exception):
+            await connection.disconnect()
+
+
 @contextlib.asynccontextmanager
 async def open_hci_radio(
     spec: HciSpec, *, name: str = "edgecoder", link_model: LinkProfile | None = None
@@ -152,12 +163,7 @@ async def open_hci_radio(
             device, transport = await open_hci_device(spec, name)
 
             async def close() -> None:
-                with contextlib.suppress(Exception):
-                    if device.is_scanning:
-                        await device.stop_scanning()
-                for connection in list(device.connections.values()):
-                    with contextlib.suppress(Exception):
-                        await connection.disconnect()
+                await quiet_device(device)
                 with contextlib.suppress(Exception):
                     await device.power_off()
                 with contextlib.suppress(Exception):

@@ -31,7 +31,7 @@ from transports.ble.bumble_backend import BumbleCentral, bind_central
 from transports.ble.offer_server import ResultVerifier, ServerLimits
 from transports.ble.peripheral import BumbleOfferPeripheral, PeripheralFaults
 from transports.ble.protocol import PeerInfo
-from transports.ble.radios import HasPeerIdentity, OfferingPeerHandle, default_verifier
+from transports.ble.radios import HasPeerIdentity, OfferingPeerHandle, default_verifier, quiet_device
 from transports.ble.timing import LinkProfile
 from transports.ble.transport import BleBackend
 
@@ -98,12 +98,7 @@ class SimulatedRadio:
         for peripheral in self._peripherals:
             await peripheral.stop()
         for device in self._devices:
-            with contextlib.suppress(Exception):
-                if device.is_scanning:
-                    await device.stop_scanning()
-            for connection in list(device.connections.values()):
-                with contextlib.suppress(Exception):
-                    await connection.disconnect()
+            await quiet_device(device)
         for device in self._devices:
             with contextlib.suppress(Exception):
                 await device.power_off()

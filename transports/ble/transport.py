@@ -60,13 +60,7 @@ class _Port:
         self._transport = transport
         self._portal = portal
 
-    async def deliver(
-        self,
-        raw: bytes,
-        sender: str,
-        claim: ClaimFn,
-        reply: ReplyFn,
-    ) -> Verdict:
+    async def deliver(self, raw: bytes, sender: str, claim: ClaimFn, reply: ReplyFn) -> Verdict:
         return await self._portal.call(self._transport._deliver, raw, sender, claim, reply)
 
     def report(self, outcome: SessionOutcome) -> None:
@@ -164,13 +158,7 @@ class BleTransport:
                 self._scanning_changed = trio.Event()
             await trio.sleep(self.policy.participation_poll_s)
 
-    async def _deliver(
-        self,
-        raw: bytes,
-        sender: str,
-        claim: ClaimFn,
-        reply: ReplyFn,
-    ) -> Verdict:
+    async def _deliver(self, raw: bytes, sender: str, claim: ClaimFn, reply: ReplyFn) -> Verdict:
         """On Trio: hand the offer to the sink, with claim and reply that run on the asyncio side."""
         thread = self._thread
 

@@ -7,7 +7,7 @@ from typing import Any
 from libp2p.abc import INetStream
 
 from transports.direct.core import DirectCore
-from transports.direct.messages import refusal_message, remote_peer
+from transports.direct.messages import refusal_message
 from transports.wire.reasons import Reason, Rejection
 
 # The offerer of a gossip offer tells its claimant that it stopped waiting.
@@ -18,9 +18,7 @@ ABORT_SEND_TIMEOUT = 1.0
 
 class AbortProtocol(DirectCore):
     async def _serve_abort(self, stream: INetStream) -> None:
-        request = await self._read_control(stream, "abort")
-        if request is not None:
-            await self._send_answer(stream, await self._decide_abort(request, remote_peer(stream)))
+        await self._answer_request(stream, "abort", self._decide_abort)
 
     async def _decide_abort(self, request: dict[str, Any], sender: str) -> dict[str, Any]:
         offer_id = self._offer_id_of(request, "abort")

@@ -7,7 +7,7 @@ from typing import Any
 from libp2p.abc import INetStream
 
 from transports.direct.core import DirectCore, SealedOfferDesk
-from transports.direct.messages import refusal_message, remote_peer
+from transports.direct.messages import refusal_message
 from transports.wire.reasons import Reason, Rejection
 
 CLAIM_PROTOCOL = "/edgecoder/claim/1.0.0"
@@ -15,9 +15,7 @@ CLAIM_PROTOCOL = "/edgecoder/claim/1.0.0"
 
 class ClaimProtocol(DirectCore):
     async def _serve_claim(self, stream: INetStream) -> None:
-        request = await self._read_control(stream, "claim")
-        if request is not None:
-            await self._send_answer(stream, await self._decide_claim(request, remote_peer(stream)))
+        await self._answer_request(stream, "claim", self._decide_claim)
 
     async def _decide_claim(self, request: dict[str, Any], sender: str) -> dict[str, Any]:
         offer_id = self._offer_id_of(request, "claim")

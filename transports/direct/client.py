@@ -4,7 +4,7 @@ speaks it, else on a stream per exchange."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -199,12 +199,7 @@ class DirectClient(DirectCore):
             answer_timeout=self.stall_timeout,
             max_answer=MAX_RESULT_FRAME,
         )
-        if isinstance(answer, Rejection):
-            return answer
-        payload = answer.get("payload")
-        if not isinstance(payload, bytes):
-            return Rejection(Reason.MALFORMED, "the grant of a sealed offer carries no payload")
-        return payload
+        return _carried(answer, "payload", bytes, "the grant of a sealed offer carries no payload")
 
     async def send_sealed_result(self, peer: str, offer_id: bytes, sealed: bytes) -> Rejection | None:
         """Carry a sealed offer's result, sealed to the offer's key, back to the offerer. None means acknowledged."""
@@ -220,12 +215,7 @@ class DirectClient(DirectCore):
         answer = await self._ask(
             peer, request, "status", legacy=(STATUS_PROTOCOL, pack(request)), answer_timeout=self.stall_timeout
         )
-        if isinstance(answer, Rejection):
-            return answer
-        heartbeat = answer.get("heartbeat")
-        if not isinstance(heartbeat, dict):
-            return Rejection(Reason.MALFORMED, "status answer carries no heartbeat")
-        return heartbeat
+        return _carried(answer, "heartbeat", dict, "status answer carries no heartbeat")
 
     async def push_status(self, peer: str, status: dict[str, Any]) -> Rejection | None:
         """Tell a neighbour our status (it changed, or it is time to refresh). None means acknowledged."""
@@ -253,3 +243,14 @@ class DirectClient(DirectCore):
             answer_timeout=self.stall_timeout,
         )
         return answer if isinstance(answer, Rejection) else None
+
+
+T = TypeVar("T")
+
+
+def _carried(answer: dict[str, Any] | Rejection, key: str, kind: type[T], missing: str) -> T | Rejection:
+    """The answer's `key` when it is a `kind`; the peer's refusal as it is; else `malformed`, saying `missing`."""
+    if isinstance(answer, Rejection):
+        return answer
+    value = answer.get(key)
+    return value if isinstance(value, kind) else Rejection(Reason.MALFORMED, missing)

@@ -126,6 +126,14 @@ class DirectCore:
             return None
         return request
 
+    async def _answer_request(
+        self, stream: INetStream, kind: str, decide: Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
+    ) -> None:
+        """A `kind` request on a stream of its own, answered with `decide(request, sender)`."""
+        request = await self._read_control(stream, kind)
+        if request is not None:
+            await self._send_answer(stream, await decide(request, remote_peer(stream)))
+
     async def _send_answer(self, stream: INetStream, answer: dict[str, Any]) -> None:
         if answer.get("type") == "refusal":
             self.refused[str(answer.get("reason"))] += 1

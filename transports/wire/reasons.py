@@ -118,9 +118,9 @@ class Reason(enum.StrEnum):
     INTERNAL = "internal"
 
 
-# The codes a refusal on the wire may carry (direct and control streams, BLE, a coordinator's /release), and the
-# label values of edgecoder_offers_rejected_total. A peer's refusal with any other code is `malformed`.
-WIRE_REFUSALS: frozenset[Reason] = frozenset(
+# The offer itself is at fault, wherever it is sent: too large, not a well-formed signed offer, or outside its
+# lifetime. No node will take it as it is.
+BAD_OFFER: frozenset[Reason] = frozenset(
     {
         Reason.TOO_LARGE,
         Reason.MALFORMED,
@@ -129,6 +129,13 @@ WIRE_REFUSALS: frozenset[Reason] = frozenset(
         Reason.EXPIRED,
         Reason.NOT_YET_VALID,
         Reason.TTL_TOO_LONG,
+    }
+)
+
+# The codes a refusal on the wire may carry (direct and control streams, BLE, a coordinator's /release), and the
+# label values of edgecoder_offers_rejected_total. A peer's refusal with any other code is `malformed`.
+WIRE_REFUSALS: frozenset[Reason] = BAD_OFFER | frozenset(
+    {
         Reason.REPLAYED,
         Reason.RATE_LIMITED,
         Reason.LANGUAGE_NOT_ALLOWED,

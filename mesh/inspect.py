@@ -59,10 +59,18 @@ def format_peers(status: dict[str, Any]) -> str:
                 relayed,
                 p.get("sandboxMode"),
                 p.get("freeSlots"),
+                _runtimes(p.get("runtimes")),
                 addr,
             ]
         )
-    return _table(["PEER", "CONNECTED", "DIRECTION", "RELAYED", "SANDBOX", "FREE SLOTS", "ADDRESS"], rows)
+    return _table(["PEER", "CONNECTED", "DIRECTION", "RELAYED", "SANDBOX", "FREE SLOTS", "RUNTIMES", "ADDRESS"], rows)
+
+
+def _runtimes(runtimes: Any) -> str | None:
+    """Who offers which runtime: names, each with the head of its digest (docs/runtimes.md)."""
+    if not isinstance(runtimes, list):
+        return None
+    return ",".join(f"{r.get('name')}@{str(r.get('digest', ''))[:8]}" for r in runtimes if isinstance(r, dict))
 
 
 def format_jobs(status: dict[str, Any]) -> str:

@@ -121,6 +121,7 @@ def node_status(node: MeshNode) -> dict[str, Any]:
                 "sandboxMode": beat.sandbox_mode if beat else None,
                 "freeSlots": beat.free_slots if beat else None,
                 "isolation": list(beat.isolation) if beat else [],
+                "runtimes": runtimes_of(beat),
                 "heartbeatAgeS": round(now - beat.seen_at, 1) if beat else None,
             }
         )
@@ -138,6 +139,7 @@ def node_status(node: MeshNode) -> dict[str, Any]:
                 "sandboxMode": beat.sandbox_mode,
                 "freeSlots": beat.free_slots,
                 "isolation": list(beat.isolation),
+                "runtimes": runtimes_of(beat),
                 "heartbeatAgeS": round(now - beat.seen_at, 1),
             }
         )
@@ -148,6 +150,10 @@ def node_status(node: MeshNode) -> dict[str, Any]:
         "sandboxMode": node.gate.reported_mode,
         "isolation": ",".join(node.executor.offered_tiers) if node.executor is not None else None,
         "isolationTiers": sorted(node.isolation_tiers()),
+        # The runtimes built here, each with its digest and whole package list, and what one run may have
+        # (docs/runtimes.md); heartbeats carry the digests only.
+        "runtimes": [info.to_json() for info in (node.executor.built_runtimes.values() if node.executor else ())],
+        "resources": caps.to_json()["resources"] if (caps := node.capabilities()) is not None else None,
         "participating": healthy,
         "gate": {
             "ok": node.gate.status.ok,
@@ -173,6 +179,13 @@ def node_status(node: MeshNode) -> dict[str, Any]:
         "offersAdmitted": dict(node.intake.admitted),
         "offersRejected": {f"{t}/{r}": n for (t, r), n in node.intake.rejected.items()},
     }
+
+
+def runtimes_of(beat: Any) -> list[dict[str, str]] | None:
+    """A peer's advertised runtimes (name and digest); None when it advertises none (a node from before them)."""
+    if beat is None or beat.capabilities is None:
+        return None
+    return [{"name": n, "digest": d} for n, d in sorted(beat.capabilities.runtimes.items())]
 
 
 def health(node: MeshNode) -> tuple[bool, str]:

@@ -363,14 +363,15 @@ def test_edgecoder_cancel_stops_a_job_and_prints_its_signed_aborted_result(
 ) -> None:
     """`edgecoder offer` in one process, `edgecoder cancel` with the same key in another: the offer gets the aborted
     result with the program's first line, and so does the cancel; another key's cancel is refused (exit 3)."""
-    node = NodeProcess(keys["a"])
+    # Time enough for two more CLI processes to start on a loaded machine before the run's own timeout ends it.
+    node = NodeProcess(keys["a"], "--max-timeout-ms", "240000")
     talker = tmp_path / "talker.py"
     first_line = "started " + "x" * 100
-    talker.write_text(f"import time\nprint({first_line!r}, flush=True)\ntime.sleep(60)\n")
+    talker.write_text(f"import time\nprint({first_line!r}, flush=True)\ntime.sleep(300)\n")
     try:
         offer = subprocess.Popen(
             [*CLI, "offer", "--key", str(keys["offerer"]), "--to", node.addr, "--language", "python"]  # noqa: RUF005
-            + ["--code-file", str(talker), "--timeout-ms", "40000", "--wait-s", "90", "--follow"],
+            + ["--code-file", str(talker), "--timeout-ms", "240000", "--wait-s", "250", "--follow"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -76,7 +76,8 @@ async def bench(runs: int) -> dict[str, Any]:
         offerer_config = NodeConfig(identity=NodeIdentity.generate(), sandbox_mode="none", peers=runner.addrs[:1])
         async with MeshNode.open(offerer_config) as offerer:
             to = runner.addrs[0]
-            cancel_answer, cancel_gone = [], []
+            cancel_answer: list[float] = []
+            cancel_gone: list[float] = []
             for _ in range(runs):
                 await steady(runner)
                 raw = offerer.make_offer(
@@ -98,7 +99,8 @@ async def bench(runs: int) -> dict[str, Any]:
                         await trio.sleep(0.01)
                     cancel_answer.append(answered - sent)
                     cancel_gone.append(trio.current_time() - sent)
-            first_chunk, followed_total = [], []
+            first_chunk: list[float] = []
+            followed_total: list[float] = []
             for _ in range(runs):
                 await steady(runner)
                 raw = offerer.make_offer(to=runner.peer_id, language="python", code=TWO_LINES, follow=True)
@@ -113,7 +115,8 @@ async def bench(runs: int) -> dict[str, Any]:
                 assert outcome.ok and outcome.stream_verified, outcome
                 first_chunk.append(firsts[0] - started)
                 followed_total.append(trio.current_time() - started)
-            plain, streamed = [], []
+            plain: list[float] = []
+            streamed: list[float] = []
             for i in range(2 * runs):
                 await steady(runner)
                 follow = i % 2 == 1  # interleaved, so that load on the machine falls on both alike

@@ -39,7 +39,8 @@ docs:
 # attacker, a failed run) exits 1, and `make bench` then fails after running the rest. benchmarks/sdk_floor.py and
 # benchmarks/cli_baseline.py are parts of the others. tests/test_suite_rules.py checks that this list is complete.
 BENCHMARKS := bench_executor bench_intake bench_startup bench_control bench_e2e bench_attacks bench_pubsub \
-	bench_isolation bench_limits bench_node_start bench_rss bench_subset bench_sealed bench_runtimes coordinator_growth
+	bench_isolation bench_limits bench_node_start bench_rss bench_subset bench_sealed bench_runtimes bench_jobs \
+	coordinator_growth
 bench: setup
 	@broken=""; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; \
 		$(BIN)/python benchmarks/$$b.py || broken="$$broken $$b"; done; \

@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 demo: setup
+	$(BIN)/edgecoder image build --runtime python-science --if-missing
 	$(BIN)/edgecoder demo
 
 # The docs' strict build is a test of its own (tests/test_docs.py), so `make test` does not build them twice.

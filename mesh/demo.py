@@ -1,7 +1,8 @@
 """`edgecoder demo`: a small mesh on loopback in one process, running real signed offers in Docker.
 
-It shows the four things a user should see: a gossip offer claimed and run exactly once (sealed: what a node that
-only listens to the offers topic saw is shown too), a direct offer, a BLE offer from a simulated nearby laptop, and
+It shows the things a user should see: a gossip offer claimed and run exactly once (sealed: what a node that
+only listens to the offers topic saw is shown too), a direct offer, a BLE offer from a simulated nearby laptop, a
+numpy offer that needs the python-science runtime (invited only where it is built, refused where it is not), and
 what the mesh refuses (a node without a sandbox, host execution, a tampered offer), each with its reason code and
 timing.
 """
@@ -9,6 +10,7 @@ timing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -17,10 +19,13 @@ from typing import Any
 import trio
 
 from executor.contract import Limits
+from executor.policy import ExecutorPolicy
+from executor.runtimes import science_runtime
 from mesh.node import MeshNode, NodeConfig
 from mesh.offerer import OfferOutcome
 from transports.wire.codec import pack
-from transports.wire.identity import NodeIdentity
+from transports.wire.identity import NodeIdentity, public_key_of_peer_id
+from transports.wire.needs import Needs
 from transports.wire.offers import TaskOffer, parse_offer
 from transports.wire.peerid import ed25519_peer_id
 from transports.wire.results import TaskResult
@@ -38,6 +43,11 @@ FIB_JS = (
 )
 WHOAMI_PY = "import os\nprint('uid', os.getuid(), 'interfaces', sorted(os.listdir('/sys/class/net')))\n"
 BLE_PY = "print('hello over BLE from', 'a neighbour')"
+NUMPY_PY = (
+    "import json, sys\nimport numpy as np\na = np.array(json.load(sys.stdin)['a'])\n"
+    "print('numpy', np.__version__, 'a @ a.T =', (a @ a.T).tolist())\n"
+)
+NUMPY_OUT = re.compile(r"numpy [0-9.]+ a @ a\.T = \[\[5, 11\], \[11, 25\]\]")
 # What each program that runs must print: the demo checks every output it shows, not only that a run said ok.
 SUM_OF_1_TO_100 = "sum of 100 numbers = 5050"
 FIB_90 = "fib(90) = 2880067194370816120"
@@ -113,8 +123,14 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
     async with contextlib.AsyncExitStack() as stack:
         # Fixed container labels: the demo's identities are new each run, so a demo that was killed leaves
         # containers that only a label it reuses can sweep at the next start.
+        # node-1 also offers python-science (docs/runtimes.md), when this machine has built it (`make demo` does).
+        science = science_runtime()
+        plain_policy = ExecutorPolicy.from_env()
+        science_policy = dataclasses.replace(plain_policy, runtimes=(science,))
         first = await stack.enter_async_context(
-            MeshNode.open(NodeConfig(identity=NodeIdentity.generate(), node_label="demo-node-1"))
+            MeshNode.open(
+                NodeConfig(identity=NodeIdentity.generate(), node_label="demo-node-1", executor_policy=science_policy)
+            )
         )
         bootstrap = first.addrs[:1]
         nodes = [first]
@@ -189,6 +205,26 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
             _line("BLE offer from a nearby laptop", outcome, ms, names)
             expect_output(outcome, BLE_HELLO, "the BLE offer says hello")
 
+        assert first.executor is not None
+        if science.name in first.executor.built_runtimes:
+            needs = Needs(science.name)
+            with trio.move_on_after(5):  # the laptop hears node-1's runtimes with its status
+                while not laptop.runner_candidates(language="python", min_isolation=None, needs=needs):
+                    await trio.sleep(0.05)
+            invitable = laptop.runner_candidates(language="python", min_isolation=None, needs=needs)
+            numpy_offer = laptop.make_offer(
+                language="python", code=NUMPY_PY, input={"a": [[1, 2], [3, 4]]}, needs=needs
+            )
+            outcome, ms = await _timed(lambda: laptop.offer_gossip(numpy_offer, timeout=60))
+            _line("numpy offer, needs python-science", outcome, ms, names)
+            shown = ", ".join(names.get(public_key_of_peer_id(c.peer_id), c.peer_id) for c in invitable)
+            print(f"  {'':<36} └ invitable: {shown} (the only node with the runtime; the others were skipped)")
+            expect([c.peer_id for c in invitable] == [first.peer_id], "only node-1 is invited for python-science")
+            expect_output(outcome, NUMPY_OUT, "the numpy offer multiplies the matrix on node-1")
+        else:
+            # `make demo` builds it first; `edgecoder demo` alone on a machine without it says so and goes on.
+            print(f"  (no numpy offer: python-science is not built; edgecoder image build --runtime {science.name})")
+
         print("\nWhat the mesh refuses, and why:")
 
         async def expect_refused(title: str, to: MeshNode, raw: bytes, reason: str, what: str) -> None:
@@ -218,6 +254,13 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         # Anyone who heard the gossip offer could send it straight to a node: its signed audience says "claimed".
         await expect_refused(
             "the gossip offer, re-sent directly", nodes[0], offer, "wrong_audience", "audiences are enforced"
+        )
+        await expect_refused(
+            "a numpy offer to a node without python-science",
+            nodes[-1],
+            laptop.make_offer(to=nodes[-1].peer_id, language="python", code=NUMPY_PY, needs=Needs("python-science")),
+            "runtime_unavailable",
+            "a node refuses an offer whose runtime it has not built",
         )
         strong = laptop.make_offer(to=nodes[0].peer_id, language="python", code="print(1)", min_isolation="gvisor")
         await expect_refused(

@@ -35,6 +35,8 @@ class SandboxHealth:
     detail: str
     # For a canary that found a limit not enforced: the readings that did not match (executor/canary.py names).
     missing: tuple[str, ...] = ()
+    # The gVisor platform the canary's sandbox really ran on (`host.platform`); None for runc, or when unread.
+    platform: str | None = None
 
 
 def health_blocking(api: docker.APIClient, policy: ExecutorPolicy, backend: SandboxBackend) -> SandboxHealth:
@@ -107,6 +109,7 @@ async def run_canary(sandbox: DockerSandbox) -> SandboxHealth:
         uid=started.uid, nofile=NOFILE, nproc=PIDS_LIMIT, network=sandbox.policy.allow_network
     )
     expected.update(sandbox.backend.expected(limits, sandbox.policy))
+    platform = seen.get("host.platform")
     findings = canary_probe.judge(seen, expected)
     discarded = [w for w in started.warnings if DISCARDED in w]
     if findings or discarded:
@@ -114,13 +117,17 @@ async def run_canary(sandbox: DockerSandbox) -> SandboxHealth:
         if isinstance(host, str):
             detail += f" (host cgroup: {host})"
         missing = tuple(f.reading for f in findings) + (("daemon.warning",) if discarded else ())
-        return SandboxHealth(False, "limit_not_enforced", f"{sandbox.tier}: {detail}", missing)
-    return SandboxHealth(True, "ok", json.dumps(seen, sort_keys=True))
+        return SandboxHealth(False, "limit_not_enforced", f"{sandbox.tier}: {detail}", missing, platform)
+    return SandboxHealth(True, "ok", json.dumps(seen, sort_keys=True), platform=platform)
 
 
 def host_readings_blocking(api: docker.APIClient, container_id: str) -> dict[str, Any] | str:
-    """The container's host cgroup limits, read while its bootstrap waits for the task (so it is running)."""
+    """The container's host cgroup limits and its gVisor platform, read while its bootstrap waits for the task (so
+    it is running, and has its stub processes)."""
     pid = int((api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
     if pid <= 0:
         return f"container {container_id[:12]} has no process"
-    return canary_probe.host_cgroup_readings(pid, container_id)
+    readings = canary_probe.host_cgroup_readings(pid, container_id)
+    if isinstance(readings, dict):  # the pid is the container's (its cgroup names it): so is its platform
+        readings["host.platform"] = canary_probe.sandbox_platform(pid)
+    return readings

@@ -29,7 +29,7 @@ checker process and waits for pending removals.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -38,7 +38,7 @@ import docker.errors
 import trio
 
 from executor import lazylog
-from executor.backends import Tier, backend_for, rank, weakest_meeting
+from executor.backends import SandboxBackend, Tier, backend_for, rank, weakest_meeting
 from executor.budget import WarmBudget
 from executor.checker import SubsetChecker
 from executor.containers import DOCKER_ERRORS
@@ -122,10 +122,12 @@ class Executor:
         node_label: str = "local",
         docker_base_url: str | None = None,
         pool_size: int | None = None,
+        backends: Mapping[Tier, SandboxBackend] | None = None,
     ) -> AsyncIterator[Executor]:
         """An executor whose pool and background removals live exactly as long as the `async with`.
 
-        `pool_size` overrides the policy's (0: no pool, every run cold); `docker_base_url` overrides DOCKER_HOST.
+        `pool_size` overrides the policy's (0: no pool, every run cold); `docker_base_url` overrides DOCKER_HOST;
+        `backends` gives a tier another backend than its own (benchmarks/bench_isolation.py: gVisor on ptrace).
         """
         policy = policy or ExecutorPolicy.from_env()
         checker = SubsetChecker() if policy.subset_check else None
@@ -142,7 +144,7 @@ class Executor:
                         runtime_sandboxes[tier, name] = DockerSandbox(
                             policy.for_runtime(name),
                             node_label=node_label,
-                            backend=backend_for(tier),
+                            backend=(backends or {}).get(tier) or backend_for(tier),
                             docker_api=docker_api,
                             background=nursery,
                         )

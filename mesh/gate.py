@@ -40,6 +40,8 @@ class GateStatus:
     # For `limit_not_enforced`: the canary readings that did not match the policy (`cgroup.pids`, `host.cpus`, ...).
     missing: tuple[str, ...] = ()
     checked_at_ms: int | None = None  # wall clock of the check, None before the first
+    # The gVisor platform the tier's last canary really ran on (systrap, ptrace, kvm), read from the runtime.
+    platform: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -48,6 +50,7 @@ class GateStatus:
             "detail": self.detail,
             "missing": list(self.missing),
             "checkedAtMs": self.checked_at_ms,
+            "platform": self.platform,
         }
 
 
@@ -147,9 +150,10 @@ class SandboxGate:
         if status.ok:
             status = await probe.canary(tier)
         now = time.time_ns() // 1_000_000
+        platform = getattr(status, "platform", None)
         if status.ok:
-            return GateStatus(True, "ready", checked_at_ms=now)
-        return GateStatus(False, status.reason, status.detail, tuple(getattr(status, "missing", ())), now)
+            return GateStatus(True, "ready", checked_at_ms=now, platform=platform)
+        return GateStatus(False, status.reason, status.detail, tuple(getattr(status, "missing", ())), now, platform)
 
     def _overall(self) -> GateStatus:
         """Ready while any tier is; the first failing tier's reason once none is. A tier withdrawn beside a

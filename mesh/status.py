@@ -162,6 +162,7 @@ def node_status(node: MeshNode) -> dict[str, Any]:
             # Each offered tier's last check and canary (executor/canary.py), withdrawn or not.
             "tiers": {tier: status.to_json() for tier, status in node.gate.tier_status.items()},
         },
+        "warnings": warnings(node),
         "reason": reason,
         "runsInFlight": stats.runs_in_flight if stats else 0,
         "maxConcurrent": stats.max_concurrent if stats else 0,
@@ -186,6 +187,19 @@ def runtimes_of(beat: Any) -> list[dict[str, str]] | None:
     if beat is None or beat.capabilities is None:
         return None
     return [{"name": n, "digest": d} for n, d in sorted(beat.capabilities.runtimes.items())]
+
+
+# gVisor on ptrace isolates as well as on systrap, at about 2.25x the cost per syscall (docs/executor.md).
+PTRACE_WARNING = (
+    "gvisor runs on the ptrace platform (read from the runtime by its canary): about 2.25x the cost per syscall of "
+    "systrap; install runsc from bookworm-backports and register it with --platform=systrap (scripts/setup.sh)"
+)
+
+
+def warnings(node: MeshNode) -> list[str]:
+    """What the operator should act on although the node works: today, an advertised gVisor tier on ptrace."""
+    gvisor = node.gate.tier_status.get("gvisor")
+    return [PTRACE_WARNING] if gvisor is not None and gvisor.ok and gvisor.platform == "ptrace" else []
 
 
 def health(node: MeshNode) -> tuple[bool, str]:

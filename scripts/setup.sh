@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make demo` and `make test`: quick when nothing needs doing.
-#  - on Debian as root: the missing system packages (docker.io, iptables, debootstrap, libgmp-dev, runsc), in the
-#    background while the venv installs
+#  - on Debian as root: the missing system packages (docker.io, iptables, debootstrap, libgmp-dev), in the
+#    background while the venv installs; then runsc with the systrap platform: on bookworm from Debian's
+#    bookworm-backports suite (added on the mirror apt already uses; bookworm's own runsc has ptrace only); setup
+#    refuses, and says why, when that package cannot be had
 #  - the venv and the package (reinstalled only when pyproject.toml changes)
 #  - dockerd, started when no daemon answers (root only; on a laptop, Docker is already running), with the gVisor
 #    runtime runsc registered in /etc/docker/daemon.json (scripts/start-dockerd.sh); a running daemon that lacks
-#    runsc gets the same entry in daemon.json and a note to reload it: setup never restarts a daemon it did not start
+#    that registration gets it in daemon.json, and a reload (SIGHUP: no restart) when setup started that daemon
+#    (it runs `dockerd --config-file` that file); otherwise a note to reload it. Setup never restarts a daemon.
 #  - the sandbox image, built from Debian packages when it is missing (no registry is needed)
 #  - the js-libp2p peer of the interop tests, `npm ci` from its lock file (again when the lock changes)
 set -euo pipefail
@@ -19,9 +22,58 @@ is_root() { [ "$(id -u)" = 0 ]; }
 # there before pip starts. dpkg's --force-unsafe-io skips the fsync after every file: a crash mid-install is
 # redone by the next run, and it saves much of the unpacking time on a slow disk.
 apt_pid="" apt_log=""
+# The first runsc with the systrap platform in Debian (executor/backends/gvisor.py registers --platform=systrap).
+RUNSC_MIN=0.0~20240729
+runsc_has_systrap() {
+  local version
+  version=$(dpkg-query -W -f '${Version}' runsc 2>/dev/null) || return 1
+  dpkg --compare-versions "$version" ge "$RUNSC_MIN"
+}
+# The URI of the Debian mirror apt already uses for bookworm (one-line or deb822 sources), or nothing.
+bookworm_mirror() {
+  {
+    awk '$1 == "deb" && / bookworm / { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) { print $i; exit } }' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true
+    for f in /etc/apt/sources.list.d/*.sources; do
+      [ -f "$f" ] || continue
+      awk '/^URIs:/ { u = $2 } /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm") s = 1 }
+           /^[[:space:]]*$/ { if (u && s) { print u; exit } u = ""; s = 0 } END { if (u && s) print u }' "$f"
+    done
+  } | head -n 1
+}
+BACKPORTS_SOURCES=/etc/apt/sources.list.d/edgecoder-bookworm-backports.sources
+install_runsc() {
+  local codename target=()
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  if [ "$codename" = bookworm ]; then
+    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+      local mirror
+      mirror=$(bookworm_mirror)
+      if [ -z "$mirror" ]; then
+        say "cannot install runsc with systrap: no Debian mirror for bookworm in apt's sources to add" \
+          "bookworm-backports on (add 'deb <mirror> bookworm-backports main' and run setup again)"
+        exit 1
+      fi
+      say "adding bookworm-backports ($mirror) to apt's sources for runsc $RUNSC_MIN (systrap)"
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
+        "$mirror" /usr/share/keyrings/debian-archive-keyring.gpg >"$BACKPORTS_SOURCES"
+    fi
+    target=(-t bookworm-backports)
+  fi
+  say "installing runsc >= $RUNSC_MIN ${target[*]:+from ${target[1]}}"
+  apt-get update -qq
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${target[@]}" runsc >/dev/null \
+    || ! runsc_has_systrap; then
+    say "cannot install runsc >= $RUNSC_MIN (the first Debian build with the systrap platform) on" \
+      "${codename:-this system}: apt has $(apt-cache policy runsc 2>/dev/null | awk '/Candidate:/ { print $2 }')." \
+      "The gVisor tier needs it; see docs/executor.md"
+    exit 1
+  fi
+}
+
 if is_root && command -v apt-get >/dev/null; then
   missing=()
-  for pkg in docker.io iptables debootstrap libgmp-dev runsc; do
+  for pkg in docker.io iptables debootstrap libgmp-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -74,6 +126,9 @@ else
 fi
 
 apt_done  # dockerd, runsc and debootstrap are needed from here on
+if is_root && command -v apt-get >/dev/null; then
+  runsc_has_systrap || install_runsc
+fi
 docker_answers() { timeout 5 docker info >/dev/null 2>&1; }
 DAEMON_JSON=${EDGECODER_DAEMON_JSON:-/etc/docker/daemon.json}
 if ! docker_answers; then
@@ -84,14 +139,12 @@ if ! docker_answers; then
     say "no Docker daemon answers: Docker tests will skip (or fail under EDGECODER_REQUIRE_DOCKER=1)"
     exit 0
   fi
+elif command -v runsc >/dev/null && is_root; then
+  # A running daemon: register runsc in its daemon.json; it reloads that file (SIGHUP) when setup started it.
+  .venv/bin/python -m executor.backends.registration --daemon-json "$DAEMON_JSON" --reload-setup-daemon
 elif command -v runsc >/dev/null && ! timeout 5 docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
-  # A daemon we did not start (or started before runsc was installed): register runsc for its next reload.
-  if is_root; then
-    .venv/bin/python -m executor.backends.registration --daemon-json "$DAEMON_JSON"
-  fi
-  say "the running dockerd has no runsc runtime (gVisor). It was not started by this run of setup.sh, so it is" \
-    "not restarted: reload it to read $DAEMON_JSON (runtimes reload without a restart: kill -HUP <dockerd pid>," \
-    "or systemctl reload docker). Until then gVisor tests skip (or fail under EDGECODER_REQUIRE_GVISOR=1)."
+  say "the running dockerd has no runsc runtime (gVisor), and only root can register it (run setup as root, or" \
+    "see docs/executor.md). Until then gVisor tests skip (or fail under EDGECODER_REQUIRE_GVISOR=1)."
 fi
 
 .venv/bin/edgecoder image build --if-missing

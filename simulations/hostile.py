@@ -46,6 +46,11 @@ async def run(options: Options) -> tuple[Report, dict[str, Any]]:
     runners = 2
     roles = lineup(("runner", runners), ("listener", total - runners - 2), ("offerer", 1), ("hostile", 1))
     count, rate, flood = (4, 1.0, 40) if options.quick else (20, 2.0, 400)
+    if "gvisor" in options.isolation:
+        # Within the two runners' capacity: a gVisor run that meets an empty pool starts cold, 5 to 7 s on a loaded
+        # 2-core machine, and an offer published while both invitees are busy is claimed by nobody (its offerer
+        # has no one else to invite). What this scenario proves is the forgeries' rejection, not saturation.
+        rate /= 4
     report = options.report("hostile", f"A hostile peer floods {flood} forged and replayed offers")
     policy = runner_policy(options.isolation)
     async with started(roles, seed=options.seed, policy=policy) as (cluster, instruments, formed):

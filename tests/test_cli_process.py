@@ -252,7 +252,14 @@ def test_doctor_says_this_machine_can_sandbox() -> None:
     names = [check["name"] for check in report["checks"]]
     for name in ("docker daemon", "runc", "runsc (gVisor)", "cgroups", "userns-remap", "seccomp", "canary runc"):
         assert name in names
-    assert report["tiers"]["runc"] == {"offered": True, "ok": True, "reason": "ready", "detail": ANY, "missing": []}
+    assert report["tiers"]["runc"] == {
+        "offered": True,
+        "ok": True,
+        "reason": "ready",
+        "detail": ANY,
+        "missing": [],
+        "platform": None,
+    }
     text = edgecoder("doctor")
     assert "[ok  ] canary runc: proven: memory 128 MiB, pids 50, cpus 0.5" in text.stdout
     assert "image and mounts: an offer carries only language, code, JSON input, limits and a runtime's name" in (

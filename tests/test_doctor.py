@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from executor.policy import ExecutorPolicy
-from mesh.doctor import RUNC_CVES, cgroup_check, runc_check, runc_version_tuple, runsc_check, seccomp_check
+from mesh.doctor import (
+    RUNC_CVES,
+    cgroup_check,
+    platform_check,
+    runc_check,
+    runc_version_tuple,
+    runsc_check,
+    seccomp_check,
+)
 
 SECCOMP_ON = {"SecurityOptions": ["name=seccomp,profile=default"]}
 ABLE = {"MemoryLimit": True, "SwapLimit": True, "PidsLimit": True, "CpuCfsQuota": True}
@@ -66,3 +74,11 @@ def test_the_seccomp_profile_in_use_is_named_and_checked(tmp_path: Path) -> None
     refused = seccomp_check(SECCOMP_ON, ExecutorPolicy(seccomp_profile=str(loophole)))
     assert refused["level"] == "fail" and "default action must refuse" in refused["detail"]
     assert seccomp_check({"SecurityOptions": []}, ExecutorPolicy())["level"] == "fail"
+
+
+def test_the_gvisor_platform_is_reported_and_ptrace_is_a_warning() -> None:
+    assert platform_check("systrap", offered=True)["level"] == "ok"
+    ptrace = platform_check("ptrace", offered=True)
+    assert ptrace["level"] == "warn" and "2.25x" in ptrace["detail"] and "bookworm-backports" in ptrace["fix"]
+    assert platform_check("ptrace", offered=False)["level"] == "info"  # not offered: a fact
+    assert platform_check(None, offered=True)["level"] == "warn"  # not read is not assumed

@@ -26,8 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from executor.backends import meets, parse_tiers, weakest_meeting
-from executor.backends.gvisor import RUNTIME_ARGS
-from executor.backends.registration import entry, merged, register
+from executor.backends.gvisor import PTRACE_RUNTIME, RUNTIME, RUNTIME_ARGS, GvisorBackend
+from executor.backends.registration import entry, merged, ptrace_entry, register
 from executor.container_config import ISOLATION_LABEL, NODE_LABEL
 from executor.contract import ErrorKind, ExecRequest, Limits
 from executor.policy import ExecutorPolicy
@@ -35,7 +35,7 @@ from executor.runner import Executor
 from mesh.doctor import run_doctor
 from mesh.gate import SandboxGate
 from mesh.node import MeshNode, NodeConfig
-from mesh.status import node_status
+from mesh.status import PTRACE_WARNING, node_status
 from tests.conftest import _skip_or_fail, containers_of, docker_problem
 from tests.docker_support import sandbox_policy
 from tests.private_dockerd import PrivateDockerd, private_dockerd, private_dockerd_problem
@@ -81,7 +81,7 @@ JSON_VALUES = st.recursive(
 @given(
     others=st.dictionaries(st.text(max_size=12).filter(lambda k: k != "runtimes"), JSON_VALUES, max_size=5),
     runtimes=st.dictionaries(
-        st.text(min_size=1, max_size=8).filter(lambda k: k != "runsc"),
+        st.text(min_size=1, max_size=8).filter(lambda k: k not in ("runsc", "runsc-ptrace")),
         st.fixed_dictionaries({"path": st.text(min_size=1, max_size=12)}),
         max_size=3,
     ),
@@ -91,22 +91,38 @@ def test_registration_adds_runsc_and_keeps_everything_else(others: dict[str, Any
     new, verdict = merged(config)
     assert verdict == "added"
     assert {k: v for k, v in new.items() if k != "runtimes"} == others
-    assert new["runtimes"] == {**runtimes, "runsc": entry()}
+    assert new["runtimes"] == {**runtimes, "runsc": entry(), "runsc-ptrace": ptrace_entry()}
     assert merged(new) == (new, "present")  # idempotent
+
+
+def test_registration_moves_setups_ptrace_entry_to_systrap(tmp_path: Any) -> None:
+    """The entry setup.sh wrote while bookworm's runsc had ptrace only becomes the systrap one; the operator's
+    other settings stay, and a second run changes nothing."""
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"debug": True, "runtimes": {"runsc": ptrace_entry()}}))
+    assert register(path) == "updated"
+    after = json.loads(path.read_text())
+    assert after == {"debug": True, "runtimes": {"runsc": entry(), "runsc-ptrace": ptrace_entry()}}
+    assert entry()["runtimeArgs"] == ["--platform=systrap", "--network=none", "--oci-seccomp"]
+    assert register(path) == "present" and json.loads(path.read_text()) == after
 
 
 def test_registration_leaves_an_operators_other_runsc_alone(tmp_path: Any) -> None:
     path = tmp_path / "daemon.json"
-    theirs = {"runtimes": {"runsc": {"path": "/opt/runsc", "runtimeArgs": ["--platform=kvm"]}}, "debug": True}
-    path.write_text(json.dumps(theirs))
-    assert register(path) == "conflict"
-    assert json.loads(path.read_text()) == theirs
+    their_runsc = {"path": "/opt/runsc", "runtimeArgs": ["--platform=kvm"]}
+    path.write_text(json.dumps({"runtimes": {"runsc": their_runsc}, "debug": True}))
+    assert register(path) == "conflict"  # theirs stays; only the benchmark's entry is added beside it
+    assert json.loads(path.read_text()) == {
+        "runtimes": {"runsc": their_runsc, "runsc-ptrace": ptrace_entry()},
+        "debug": True,
+    }
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
         register(path)
     assert path.read_text() == "{not json"
     fresh = tmp_path / "etc" / "docker" / "daemon.json"
-    assert register(fresh) == "added" and json.loads(fresh.read_text()) == {"runtimes": {"runsc": entry()}}
+    assert register(fresh) == "added"
+    assert json.loads(fresh.read_text()) == {"runtimes": {"runsc": entry(), "runsc-ptrace": ptrace_entry()}}
     assert oct(fresh.stat().st_mode & 0o777) == "0o644"
 
 
@@ -134,17 +150,40 @@ async def test_a_daemon_started_by_setup_registers_runsc_and_both_tiers_prove_th
     registered: PrivateDockerd,
 ) -> None:
     config = json.loads(registered.daemon_json.read_text())
-    assert config == {"log-level": "warn", "runtimes": {"runsc": entry()}}
+    assert config == {"log-level": "warn", "runtimes": {"runsc": entry(), "runsc-ptrace": ptrace_entry()}}
     with registered.api() as api:
         assert api.info()["Runtimes"]["runsc"] == {"path": "/usr/bin/runsc", "runtimeArgs": list(RUNTIME_ARGS)}
     async with Executor.open(BOTH, node_label="iso-registered", docker_base_url=registered.base_url) as ex:
         gate = SandboxGate("docker", ex, interval=60)
         await gate.check()
         assert gate.tiers == {"runc", "gvisor"}, gate.tier_status
+        # The platform as the canary read it from the sandbox process on the host, not from the registration.
+        assert (gate.tier_status["gvisor"].platform, gate.tier_status["runc"].platform) == ("systrap", None)
         runc = await ex.run_code(ExecRequest("python", KERNEL))
         gvisor = await ex.run_code(ExecRequest("python", KERNEL), min_isolation="gvisor")
     assert runc.stdout.strip() == os.uname().release  # the weakest tier that meets no minimum: the host's kernel
     assert gvisor.stdout.strip() == "4.4.0"  # gVisor's Sentry
+
+
+@pytest.mark.docker
+@pytest.mark.gvisor
+async def test_the_platform_is_read_from_the_runtime_and_status_names_ptrace() -> None:
+    """The machine's daemon has both registrations setup.sh makes: the tier's runsc (systrap) and runsc-ptrace.
+    A node's canary reads which platform its sandbox really ran on (the Sentry traces its stubs under ptrace
+    only), and /status warns of ptrace."""
+    for runtime, platform, warnings in ((RUNTIME, "systrap", []), (PTRACE_RUNTIME, "ptrace", [PTRACE_WARNING])):
+        config = NodeConfig(
+            identity=NodeIdentity.generate(),
+            executor_policy=replace(POLICY, isolation=("gvisor",)),
+            isolation="gvisor",
+            executor_options={"backends": {"gvisor": GvisorBackend(runtime)}},
+            gate_interval=3600,
+            mdns=False,
+        )
+        async with MeshNode.open(config) as node:
+            status = node_status(node)
+        assert status["participating"], status["gate"]
+        assert (status["gate"]["tiers"]["gvisor"]["platform"], status["warnings"]) == (platform, warnings)
 
 
 @pytest.mark.docker

@@ -1,9 +1,17 @@
 """The gVisor tier: Docker with `runtime="runsc"`, a second kernel between the program and the host's.
 
 The program's syscalls are served by gVisor's Sentry, a kernel in user space; the host kernel sees only the
-Sentry's own, under gVisor's seccomp filter. Every flag of the shared hardening stays on, and four facts of runsc
-(Debian bookworm's 0.0~20221219, the ptrace platform; KVM hangs on a host without nested virtualisation) shape
-the rest:
+Sentry's own, under gVisor's seccomp filter. Every flag of the shared hardening stays on.
+
+The platform is how the Sentry takes the program's syscalls. runsc is registered with `--platform=systrap`
+(Debian's bookworm-backports runsc 0.0~20240729; scripts/setup.sh installs it): systrap traps them with a seccomp
+filter in the program's own stub processes, about 2.25x cheaper per syscall than ptrace, the only platform of
+bookworm's own runsc 0.0~20221219 (KVM hangs on a host without nested virtualisation). The platform a container
+really got is read from the host by the canary (executor/canary.py, `host.platform`), never taken from the
+registration. A second registration, `runsc-ptrace` (PTRACE_RUNTIME), exists for benchmarks/bench_isolation.py's
+side-by-side figures only: the tier never names it.
+
+Facts of runsc (both builds unless said) that shape the rest:
 
 - runsc applies the OCI seccomp profile (ours) to the program only when registered with `--oci-seccomp`; without
   it, Seccomp reads 0 inside. The registration (executor/backends/registration.py) passes it, the daemon check
@@ -42,7 +50,11 @@ RUNTIME = "runsc"
 RUNSC_PATH = "/usr/bin/runsc"
 # The arguments every registration of the runtime must carry (see the module docstring).
 REQUIRED_ARGS = ("--network=none", "--oci-seccomp")
-RUNTIME_ARGS = ("--platform=ptrace", *REQUIRED_ARGS)
+PLATFORM = "systrap"
+RUNTIME_ARGS = (f"--platform={PLATFORM}", *REQUIRED_ARGS)
+# The registration setup.sh wrote before systrap (bookworm's runsc had ptrace only): replaced where it is found.
+PTRACE_ARGS = ("--platform=ptrace", *REQUIRED_ARGS)
+PTRACE_RUNTIME = "runsc-ptrace"
 ENOSYS = 38
 CLONE3_THROUGH = {"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}
 # The host's pids ceiling of one gVisor sandbox: 38 threads idle + about 5 per guest process (292 measured with
@@ -50,22 +62,25 @@ CLONE3_THROUGH = {"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}
 # (512 MiB) host tasks, and at 512 the Sentry died of the ceiling instead of the storm meeting RLIMIT_NPROC.
 GVISOR_HOST_PIDS = 1024
 FIX = (
-    "install runsc (apt-get install runsc) and register it with the daemon: scripts/setup.sh writes "
-    '/etc/docker/daemon.json {"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
-    '["--platform=ptrace", "--network=none", "--oci-seccomp"]}}}, then reload dockerd (SIGHUP, or systemctl reload '
-    "docker)"
+    "install runsc from Debian's backports (apt-get install -t bookworm-backports runsc) and register it with the "
+    'daemon: scripts/setup.sh does both, writing /etc/docker/daemon.json {"runtimes": {"runsc": {"path": '
+    '"/usr/bin/runsc", "runtimeArgs": ["--platform=systrap", "--network=none", "--oci-seccomp"]}}}; then reload '
+    "dockerd (SIGHUP, or systemctl reload docker)"
 )
 
 
 class GvisorBackend:
     tier: Tier = "gvisor"
-    runtime = RUNTIME
     host_witness = True
+
+    def __init__(self, runtime: str = RUNTIME) -> None:
+        # Another registration of runsc only for a side-by-side measurement (PTRACE_RUNTIME); nodes use RUNTIME.
+        self.runtime = runtime
 
     def host_config(self, limits: Limits, policy: ExecutorPolicy) -> dict[str, Any]:
         if policy.allow_network:
             raise ValueError("the gvisor tier runs with runsc --network=none: a policy that allows the network")
-        return {"Runtime": RUNTIME, "PidsLimit": GVISOR_HOST_PIDS}
+        return {"Runtime": self.runtime, "PidsLimit": GVISOR_HOST_PIDS}
 
     def adapt_seccomp(self, profile: dict[str, Any]) -> dict[str, Any]:
         """clone3's ENOSYS rule becomes an allow rule (see the module docstring): the Sentry answers ENOSYS."""
@@ -82,12 +97,12 @@ class GvisorBackend:
 
     def daemon_problem(self, info: Mapping[str, Any]) -> str | None:
         runtimes = info.get("Runtimes") or {}
-        if RUNTIME not in runtimes:
-            return f"the Docker daemon has no {RUNTIME!r} runtime (it has {sorted(runtimes)}); fix: {FIX}"
-        args = list((runtimes[RUNTIME] or {}).get("runtimeArgs") or [])
+        if self.runtime not in runtimes:
+            return f"the Docker daemon has no {self.runtime!r} runtime (it has {sorted(runtimes)}); fix: {FIX}"
+        args = list((runtimes[self.runtime] or {}).get("runtimeArgs") or [])
         missing = [arg for arg in REQUIRED_ARGS if arg not in args]
         if missing:
-            return f"the daemon's {RUNTIME!r} runtime lacks {' '.join(missing)} (it has {args}); fix: {FIX}"
+            return f"the daemon's {self.runtime!r} runtime lacks {' '.join(missing)} (it has {args}); fix: {FIX}"
         return None
 
     def expected(self, limits: Limits, policy: ExecutorPolicy) -> dict[str, Any]:

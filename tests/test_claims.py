@@ -10,6 +10,7 @@ from executor.contract import ExecResult, Limits
 from mesh.claims import LEASE_MARGIN_S, ClaimDesk, ClaimJob
 from mesh.peers import PeerDirectory
 from transports.wire.identity import NodeIdentity
+from transports.wire.needs import Capabilities, Needs
 from transports.wire.offers import Audience, TaskOffer, parse_offer
 from transports.wire.reasons import Reason, Rejection
 from transports.wire.results import TaskResult
@@ -290,5 +291,26 @@ def test_a_secp256k1_claimant_is_refused_and_no_lapse_of_the_job_crashes_the_des
         # Its result, signed by some Ed25519 key and sent over its stream, is refused as the wrong executor.
         forged = await desk.accept_result(result_of(desk, offer_id, RUNNER_B), secp)
         assert forged is not None and forged.reason == Reason.WRONG_EXECUTOR and not job.results
+
+    trio.run(main)
+
+
+def test_a_claimant_without_the_offers_runtime_is_refused() -> None:
+    """Its own intake should have refused the offer; the offerer judges what the claimant says of itself now."""
+
+    def with_runtimes(identity: NodeIdentity, digest: str, *names: str) -> dict[str, Any]:
+        caps = Capabilities({n: digest for n in names}, cores=1, memory_mb=512, arch="x86_64")
+        return {**heartbeat(identity), "capabilities": caps.to_json()}
+
+    async def main() -> None:
+        desk, _, _, offer_id = setup(needs=Needs("python-science", "cd" * 32))
+        old = await desk.grant_claim(offer_id, RUNNER_A.peer_id)  # from before runtimes: python only
+        assert old is not None and old.reason == Reason.RUNTIME_UNAVAILABLE
+        other = await desk.grant_claim(offer_id, RUNNER_A.peer_id, with_runtimes(RUNNER_A, "ef" * 32, "python-science"))
+        assert other is not None and other.reason == Reason.RUNTIME_UNAVAILABLE  # another package set
+        assert (
+            await desk.grant_claim(offer_id, RUNNER_B.peer_id, with_runtimes(RUNNER_B, "cd" * 32, "python-science"))
+            is None
+        )
 
     trio.run(main)

@@ -157,3 +157,22 @@ async def test_a_runtime_in_use_gets_warm_containers_with_numpy_already_imported
     with trio.fail_after(30):
         while containers_of(docker_api, node_label):
             await trio.sleep(0.1)
+
+
+async def test_the_hostile_probes_meet_the_same_walls_under_the_runtime(
+    docker_api: docker.APIClient, node_label: str, numpy_runtime: str
+) -> None:
+    """The seccomp probe and the in-memory ELF of the hostile catalogue (tests/test_executor_sandbox.py), run under
+    the runtime, with that catalogue's verdicts: the runtime's packages open no door the base image keeps shut."""
+    from tests.test_executor_sandbox import MEMFD_EXEC, SYSCALL_PROBE
+
+    async with executor(node_label) as ex:
+        probe = await ex.run_code(ExecRequest("python", SYSCALL_PROBE), runtime=numpy_runtime)
+        memfd = await ex.run_code(ExecRequest("python", MEMFD_EXEC), runtime=numpy_runtime)
+    assert probe.ok, probe.stderr
+    seen = json.loads(probe.stdout)
+    allowed = {"socket(AF_UNIX)", "socket(AF_INET)"}
+    assert {name for name, outcome in seen.items() if outcome == "allowed"} == allowed, seen
+    assert {o for n, o in seen.items() if n not in allowed} <= {"EPERM", "killed by signal 31", "no socket"}, seen
+    assert (memfd.ok, memfd.stdout) == (True, "memfd_create denied\n"), memfd.stderr
+    assert containers_of(docker_api, node_label) == []

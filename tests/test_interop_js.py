@@ -163,8 +163,17 @@ def test_a_js_relay_carries_an_offer_between_two_of_our_nodes_and_it_runs_exactl
             assert outcome.result.executor == runner.identity.public_key
             print(f"\noffer through the js relay answered in {answered_ms:.0f} ms")
 
-            relayed = [m for m in await relay.received(OFFERS_TOPIC) if m["data"] == raw.hex()]
-            assert [(m["msgId"], m["source"]) for m in relayed] == [(sha256_hex(raw), offerer.peer_id)]
+            # What the js relay received is the sealed offer the node published: the same id, no code, no input.
+            heard = [bytes.fromhex(m["data"]) for m in await relay.received(OFFERS_TOPIC)]
+            relayed = [
+                m
+                for m, data in zip(await relay.received(OFFERS_TOPIC), heard, strict=True)
+                if parse_offer(data).offer.offer_id == offer_id
+            ]
+            assert len(relayed) == 1
+            published = bytes.fromhex(relayed[0]["data"])
+            assert (relayed[0]["msgId"], relayed[0]["source"]) == (sha256_hex(published), offerer.peer_id)
+            assert parse_offer(published).offer.sealed is not None and SUM.encode() not in published
             assert runner.ran.count(offer_id) == 1
             assert runner.intake.admitted["gossip"] == 1
             # One claim granted, no other refused (a second runner would have been refused), and the finished offer

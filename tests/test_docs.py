@@ -24,6 +24,7 @@ NAV = [
     "Reference",
     "Troubleshooting",
     "Design",
+    "Development",
 ]
 
 

@@ -338,7 +338,12 @@ class Intake:
 
     def _parse(self, raw: bytes) -> ReceivedOffer:
         received = parse_offer(raw, max_size=self.policy.max_message_bytes)
-        check_clock(received.offer, now=self._clock_ms(), policy=self.policy.clock)
+        now = self._clock_ms()
+        check_clock(received.offer, now=now, policy=self.policy.clock)
+        deadline = received.offer.queue_deadline_ms
+        if deadline is not None and deadline <= now:
+            # A v3 offer that may wait in a queue only until a time already past: nobody may take it now.
+            raise Rejected(Reason.QUEUE_DEADLINE, f"its queueDeadlineMs passed {now - deadline} ms ago")
         return received
 
     def _verify(self, received: ReceivedOffer) -> None:

@@ -82,7 +82,10 @@ def reason(verdict: object) -> Reason:
 
 
 def expected_route_refusal(task: TaskOffer, transport: str, me: str, tiers: tuple[str, ...]) -> Reason | None:
-    """What the audience, the sandbox kind and the tier say of this offer reaching `me` by `transport`."""
+    """What the queue deadline, the audience, the sandbox kind and the tier say of this offer reaching `me` by
+    `transport`."""
+    if task.queue_deadline_ms is not None and task.queue_deadline_ms <= NOW:
+        return Reason.QUEUE_DEADLINE  # checked with the clock, before the rest
     audience = task.audience
     if audience is not None:
         if audience.to is not None and (transport != "direct" or audience.to != me):
@@ -121,7 +124,7 @@ def test_admitted_offers_are_remote_and_run_only_where_their_audience_says(
         assert reason(verdict) == expected
         return
     if isinstance(verdict, Rejection):  # otherwise only the clock may refuse a generated offer
-        assert verdict.reason in (Reason.EXPIRED, Reason.TTL_TOO_LONG)
+        assert verdict.reason in (Reason.EXPIRED, Reason.TTL_TOO_LONG, Reason.NOT_YET_VALID)
         return
     job = intake.jobs.receive_nowait()
     assert job.origin == "remote"
@@ -168,6 +171,8 @@ def test_every_rejection_path_has_its_reason_and_is_counted() -> None:
         Reason.WRONG_AUDIENCE: offer(audience=Audience.direct(OTHER.peer_id)),
         Reason.NOT_INVITED: offer(audience=Audience.claimed([OTHER.peer_id])),
         Reason.ISOLATION_INSUFFICIENT: offer(min_isolation="gvisor"),
+        # Queued until a time already past: a deadline in the past is refused, not queued.
+        Reason.QUEUE_DEADLINE: offer(issued_at_ms=NOW - 10_000, queue_deadline_ms=NOW - 1),
     }
     for expected, raw in cases.items():
         assert reason(deliver(intake, raw, "gossip")) == expected, expected
@@ -176,6 +181,13 @@ def test_every_rejection_path_has_its_reason_and_is_counted() -> None:
     assert reason(deliver(intake, good)) == Reason.REPLAYED
     text = intake.metrics.exposition().decode()
     assert 'edgecoder_offers_rejected_total{reason="replayed",transport="gossip"} 1.0' in text
+
+
+def test_a_queue_deadline_still_ahead_is_admitted() -> None:
+    intake, _ = make_intake()
+    assert isinstance(deliver(intake, offer(queue_deadline_ms=NOW + 5_000)), Admitted)
+    at_deadline = offer(issued_at_ms=NOW - 1_000, queue_deadline_ms=NOW)
+    assert reason(deliver(intake, at_deadline)) == Reason.QUEUE_DEADLINE  # at the deadline: too late
 
 
 def test_allow_list() -> None:

@@ -34,6 +34,8 @@ import requests
 import trio
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 
+from executor.guardian import ensure_guardian
+
 T = TypeVar("T")
 
 DOCKER_THREADS = 8
@@ -56,14 +58,20 @@ class DockerApi:
         self._unix_path = host.removeprefix("http+unix://") if host.startswith("http+unix://") else None
         self._unreachable = True  # until a connection of our own has succeeded
 
-    async def call(self, fn: Callable[[docker.APIClient], T], *, abandon_on_cancel: bool = False) -> T:
+    async def call(
+        self, fn: Callable[[docker.APIClient], T], *, abandon_on_cancel: bool = False, guarded: bool = False
+    ) -> T:
         """`fn(client)` in a worker thread, on a client no other thread is using.
 
         With `abandon_on_cancel`, a cancellation returns at once and the thread finishes alone (its token and its
-        client come back when it does); otherwise the call must be shielded or short.
+        client come back when it does); otherwise the call must be shielded or short. `guarded`: `fn` creates
+        containers, so this process's guardian for the daemon is started first (executor/guardian.py; raises
+        GuardianUnavailable).
         """
 
         def in_thread() -> T:
+            if guarded:
+                ensure_guardian(self._base_url)
             self._check_reachable()
             api = self._borrow()
             try:

@@ -48,11 +48,11 @@ class Owner:
 
 
 def this_process() -> Owner:
-    return _owner_of(os.getpid())  # by pid: a forked child is an owner of its own
+    return owner_of(os.getpid())  # by pid: a forked child is an owner of its own
 
 
 @functools.cache
-def _owner_of(pid: int) -> Owner:
+def owner_of(pid: int) -> Owner:
     start = _start_ticks(pid)
     assert start is not None
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()

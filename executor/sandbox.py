@@ -42,6 +42,7 @@ from executor.containers import (
 )
 from executor.contract import ErrorKind, ExecRequest, ExecResult, Language, Limits, QueueReason
 from executor.docker_api import API_TIMEOUT_S, DockerApi
+from executor.guardian import GuardianUnavailable
 from executor.health import SandboxHealth, health_blocking, run_canary
 from executor.output import AttachDemuxer
 from executor.policy import ExecutorPolicy
@@ -157,10 +158,13 @@ class DockerSandbox:
                 made = await self.docker.call(
                     lambda api: start_blocking(
                         api, self.policy, self.backend, self.node_label, limits, role, prestart, accept_warnings
-                    )
+                    ),
+                    guarded=True,
                 )
             except DOCKER_ERRORS as exc:  # the daemon went away before the call reached it (its socket refused)
                 raise SandboxUnavailable(f"cannot reach the Docker daemon: {exc}") from exc
+            except GuardianUnavailable as exc:
+                raise SandboxUnavailable(str(exc)) from exc
         container_id, raw, uid, warnings = made
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
         return StartedContainer(

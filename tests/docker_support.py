@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import trio
 
@@ -71,7 +74,12 @@ async def start_executor_process(label: str, *, pool_size: int, timeout_ms: int 
     return process
 
 
-async def kill_process(process: trio.Process) -> None:
+async def kill_process(process: trio.Process, *, with_guardian: bool = False) -> None:
+    """SIGKILL the process; `with_guardian`: its container guardian first (executor/guardian.py), as if both had
+    been killed at once, so that what is left to test is the last line: the containers' own deadlines, the sweep."""
+    if with_guardian:
+        for pid in guardians_of(process.pid):
+            os.kill(pid, signal.SIGKILL)
     process.kill()
     await process.wait()
     if process.stdout is not None:
@@ -93,3 +101,9 @@ def build_numpy_runtime() -> str | None:
     except ImageError as exc:
         return f"cannot build the {NUMPY_RUNTIME.name} runtime: {exc}"
     return None
+
+
+def guardians_of(pid: int) -> list[int]:
+    """The pids of the container guardians the process `pid` started (its children running executor/guardian.py)."""
+    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return [c for c in children if b"guardian.py" in Path(f"/proc/{c}/cmdline").read_bytes()]

@@ -430,12 +430,13 @@ async def test_the_last_bytes_before_a_timeout_are_kept(docker_api: docker.APICl
 async def test_a_container_whose_owner_was_killed_ends_at_its_own_deadline(
     docker_api: docker.APIClient, node_label: str
 ) -> None:
-    """SIGKILL of the host process (`edgecoder exec`, a node) must not leave a container running past its limit:
-    the supervisor inside ends the run at its timeout (+0.5 s) by itself, and a waiting pool container ends as
-    soon as its owner's attach connection closes."""
+    """SIGKILL of the host process (`edgecoder exec`, a node) and of its guardian (which would remove them at once,
+    tests/test_executor_owned.py) must not leave a container running past its limit: the supervisor inside ends
+    the run at its timeout (+0.5 s) by itself, and a waiting pool container ends as soon as its owner's attach
+    connection closes."""
     owner = await start_executor_process(node_label, pool_size=1, timeout_ms=2000, code=NAMED_SLEEPER)
     await wait_until(lambda: a_cold_program_runs(docker_api, node_label))
-    await kill_process(owner)
+    await kill_process(owner, with_guardian=True)
     exits = {}
     for container in containers_of(docker_api, node_label):
         status = docker_api.wait(container["Id"], timeout=15)["StatusCode"]
@@ -451,7 +452,7 @@ async def test_every_executor_sweeps_what_dead_owners_left_and_spares_the_living
     by the next executor, whatever its label; a live node with the same label (the same key) keeps its pool."""
     dead_oneoff = await start_executor_process(node_label, pool_size=0, timeout_ms=20_000, code=NAMED_SLEEPER)
     await wait_until(lambda: a_cold_program_runs(docker_api, node_label))
-    await kill_process(dead_oneoff)
+    await kill_process(dead_oneoff, with_guardian=True)
     dead_ids = {c["Id"] for c in containers_of(docker_api, node_label)}
     living = await start_executor_process(node_label, pool_size=1)
     try:

@@ -80,7 +80,7 @@ def format_jobs(status: dict[str, Any]) -> str:
         return f"{head}; no job taken yet"
     rows = []
     for j in jobs:
-        if j.get("state") != "answered":
+        if j.get("state") not in ("answered", "cancelled"):
             outcome = None
         elif j.get("ok"):
             outcome = "ok"
@@ -92,9 +92,14 @@ def format_jobs(status: dict[str, Any]) -> str:
                 j.get("offerer"),
                 j.get("transport"),
                 j.get("state"),
+                j.get("attempt", 1),
                 outcome,
                 j.get("queueReason"),
                 j.get("durationMs"),
             ]
         )
-    return head + "\n" + _table(["OFFER", "OFFERER", "TRANSPORT", "STATE", "RESULT", "QUEUE REASON", "RUN MS"], rows)
+    return (
+        head
+        + "\n"
+        + _table(["OFFER", "OFFERER", "TRANSPORT", "STATE", "ATTEMPT", "RESULT", "QUEUE REASON", "RUN MS"], rows)
+    )

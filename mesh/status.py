@@ -32,7 +32,8 @@ class JobRecord:
     offerer: str  # PeerID
     transport: str
     taken_at_ms: int
-    state: str = "claiming"  # claiming, running, answered, not-claimed, abandoned
+    state: str = "claiming"  # claiming, running, answered, cancelled, not-claimed, abandoned
+    attempt: int = 1  # which try of its job the offer is (v3 offers; mesh/jobstate.py)
     ok: bool | None = None
     error_kind: str | None = None
     queue_reason: QueueReason | None = None
@@ -45,6 +46,7 @@ class JobRecord:
             "offerer": self.offerer,
             "transport": self.transport,
             "state": self.state,
+            "attempt": self.attempt,
             "takenAtMs": self.taken_at_ms,
             "finishedAtMs": self.finished_at_ms,
             "ok": self.ok,
@@ -72,6 +74,7 @@ class JobLog:
             offerer=ed25519_peer_id(offer.offerer),
             transport=job.delivery.transport,
             taken_at_ms=time.time_ns() // 1_000_000,
+            attempt=offer.attempt,
         )
         self.active[id(job)] = record
         return record
@@ -91,7 +94,9 @@ class JobLog:
 
     def done(self, job: Job, record: JobRecord, *, abandoned: bool = False) -> None:
         self.active.pop(id(job), None)
-        if record.state in ("claiming", "running"):
+        if job.cancelled:  # stopped by its offerer's signed cancel (mesh/jobcancel.py): answered `aborted`
+            record.state = "cancelled"
+        elif record.state in ("claiming", "running"):
             record.state = "abandoned" if abandoned else "not-claimed"
         record.finished_at_ms = time.time_ns() // 1_000_000
         self.finished.appendleft(record)

@@ -103,6 +103,8 @@ def test_a_direct_job_cancelled_by_its_offerer_stops_keeps_its_output_and_its_co
             again = await offerer.cancel(node.peer_id, oid)
             assert again.result == cancelled.result
             assert node.cancels.refused == {str(Reason.NOT_OFFERER): 1} and node.cancels.cancelled == 1
+            (record,) = node.job_log.to_json()  # what /status and `edgecoder jobs` show
+            assert (record["state"], record["attempt"], record["errorKind"]) == ("cancelled", 1, "aborted")
             unknown = await offerer.cancel(node.peer_id, b"\x09" * 16)
             assert unknown.refusal is not None and unknown.refusal.reason == Reason.UNKNOWN_OFFER
 

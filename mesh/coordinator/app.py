@@ -148,9 +148,7 @@ def _json_object(body: bytes, allowed: frozenset[str]) -> dict[str, Any]:
 
 def _sandbox_mode(data: dict[str, Any], *, required: bool) -> SandboxMode | None:
     mode = data.get("sandboxMode")
-    if mode is None and not required:
-        return None
-    if mode not in SANDBOX_MODES:
+    if mode not in SANDBOX_MODES and (mode is not None or required):  # absent is fine where it is not required
         raise Refused(CoordinatorReason.MALFORMED, f"sandboxMode must be one of {list(SANDBOX_MODES)}")
     return mode
 

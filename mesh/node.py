@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 import platform
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -30,12 +30,12 @@ if TYPE_CHECKING:
 from mesh.claims import ClaimDesk
 from mesh.gate import SandboxGate
 from mesh.intake import Intake
-from mesh.invitations import Candidate, near_sample
+from mesh.invitations import near_sample
 from mesh.jobcancel import RunnerCancels
 from mesh.metrics import NodeMetrics
 from mesh.node_config import NodeConfig as NodeConfig
 from mesh.node_config import SharedSandbox as SharedSandbox
-from mesh.offerer import Offerer, OfferOutcome
+from mesh.offerer import Offerer
 from mesh.peers import PeerDirectory
 from mesh.state import StateDir
 from mesh.status import JobLog
@@ -51,9 +51,8 @@ from transports.p2p import P2PHost, open_host
 from transports.presence import Presence
 from transports.relay import Relay
 from transports.rendezvous import Rendezvous
-from transports.wire.identity import NodeIdentity, public_key_of_peer_id
-from transports.wire.jobs import OutputChunk
-from transports.wire.needs import Capabilities, Needs
+from transports.wire.identity import public_key_of_peer_id
+from transports.wire.needs import Capabilities
 
 log = structlog.get_logger("edgecoder.node")
 
@@ -148,6 +147,14 @@ class MeshNode(Runner):
             claim_redundancy=config.claim_redundancy,
             seal_gossip=config.seal_gossip,
         )
+        # The offerer's calls, as the node's own: `node.offer_gossip(...)` is `node.offerer.offer_gossip(...)`.
+        self.wait_for_runner = self.offerer.wait_for_runner
+        self.runner_candidates = self.offerer.runner_candidates
+        self.make_offer = self.offerer.make_offer
+        self.sealed_direct = self.offerer.sealed_direct
+        self.offer_direct = self.offerer.offer_direct
+        self.cancel = self.offerer.cancel
+        self.offer_gossip = self.offerer.offer_gossip
         self.rendezvous = Rendezvous(
             p2p,
             seeds=self.bootstrap.connected,
@@ -337,35 +344,3 @@ class MeshNode(Runner):
         except ValueError:
             return False
         return self.intake.abort(offerer, offer_id)
-
-    # -- the offerer's side, as the node's own (mesh/offerer.py) -----------------------------------------------
-
-    async def wait_for_runner(self, *, timeout: float) -> bool:
-        return await self.offerer.wait_for_runner(timeout=timeout)
-
-    def runner_candidates(
-        self, *, language: str | None, min_isolation: str | None, needs: Needs | None = None
-    ) -> list[Candidate]:
-        return self.offerer.runner_candidates(language=language, min_isolation=min_isolation, needs=needs)
-
-    def make_offer(self, *, to: str | None = None, invite: Sequence[str] = (), **fields: Any) -> bytes:
-        return self.offerer.make_offer(to=to, invite=invite, **fields)
-
-    def sealed_direct(self, raw: bytes) -> bytes:
-        return self.offerer.sealed_direct(raw)
-
-    async def offer_direct(
-        self,
-        peer: str,
-        raw: bytes,
-        *,
-        cancel_on_stop: bool = False,
-        on_output: Callable[[OutputChunk], None] | None = None,
-    ) -> OfferOutcome:
-        return await self.offerer.offer_direct(peer, raw, cancel_on_stop=cancel_on_stop, on_output=on_output)
-
-    async def cancel(self, peer: str, offer_id: bytes, *, signer: NodeIdentity | None = None) -> OfferOutcome:
-        return await self.offerer.cancel(peer, offer_id, signer=signer)
-
-    async def offer_gossip(self, raw: bytes, *, timeout: float = 30.0, replicas: int | None = None) -> OfferOutcome:
-        return await self.offerer.offer_gossip(raw, timeout=timeout, replicas=replicas)

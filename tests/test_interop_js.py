@@ -35,7 +35,7 @@ from transports.direct import OFFER_PROTOCOL
 from transports.gossip import MESHSUB_PROTOCOLS, OFFERS_TOPIC
 from transports.p2p import DialError
 from transports.pubsub.tuning import IDONTWANT_THRESHOLD
-from transports.wire.codec import pack, unpack_strict
+from transports.wire.codec import Domain, pack, seal, unpack_strict
 from transports.wire.identity import NodeIdentity
 from transports.wire.offers import Audience, TaskOffer, parse_offer
 
@@ -247,6 +247,73 @@ def test_invalid_offers_from_a_js_peer_are_refused_and_never_forwarded() -> None
 
             await eventually(idontwant, what="our IDONTWANT under the offer's sha256")
             print(f"\nrefused by our validator: {dict(ours.intake.rejected)}; behind us: the valid one only")
+
+    trio.run(main)
+
+
+@pytest.mark.docker
+def test_ten_kinds_of_invalid_offers_from_a_js_peer_are_each_counted_once_under_their_own_reason() -> None:
+    """Issue 27 saw one `malformed` more than ten kinds of invalid offers contained. Here every kind is published
+    alone and its verdict awaited before the next, so each count is attributed to the kind that caused it; at the end
+    the validator's counts, the intake's and the metric are compared whole, a valid offer's admission included."""
+
+    async def main() -> None:
+        async with our_node("docker") as ours, JsPeer.open() as hostile:
+            await hostile.call("subscribe", topic=OFFERS_TOPIC)
+            await hostile.dial(ours.addrs[0])
+
+            async def meshed() -> bool:
+                return hostile.peer_id in ours.gossip.mesh_peers(OFFERS_TOPIC)
+
+            await eventually(meshed, what="the js peer in our offers mesh")
+            signer = NodeIdentity.generate()
+
+            def offer(code: str, **fields: Any) -> bytes:
+                return TaskOffer.create(signer, language="python", code=code, reply_to=(), **fields).sign(signer)
+
+            valid = offer("print('valid')")
+            tampered = bytearray(offer("print('tampered')"))
+            tampered[-1] ^= 1
+            fields = TaskOffer.create(signer, language="python", code="print(9)", reply_to=()).to_wire_fields()
+            kinds: list[tuple[str, bytes, str]] = [
+                ("bad signature", bytes(tampered), "bad_signature"),
+                ("expired", offer("print('old')", issued_at_ms=1_000_000, ttl_ms=60_000), "expired"),
+                ("issued in the future", offer("print('f')", issued_at_ms=10**13, ttl_ms=60_000), "not_yet_valid"),
+                ("over the size cap", b"\x00" * 300_000, "too_large"),
+                ("version 9, signed", seal(Domain.OFFER, {**fields, "version": 9}, signer), "unsupported_version"),
+                ("a map that is no envelope", pack({"version": 1, "not": "an offer"}), "malformed"),
+                ("not msgpack", b"\xc1\xc1\xc1", "malformed"),
+                ("truncated", valid[: len(valid) // 2], "malformed"),
+                ("empty", b"", "malformed"),
+                ("an unknown field, signed", seal(Domain.OFFER, {**fields, "extra": 1}, signer), "malformed"),
+            ]
+            assert len({raw for _, raw, _ in kinds}) == len(kinds)  # ten messages, ten message ids
+
+            def rejected() -> Counter[str]:
+                return Counter(
+                    {k.split(":", 1)[1]: v for k, v in ours.gossip.stats.items() if k.startswith("offer_rejected:")}
+                )
+
+            for judged, (kind, raw, reason) in enumerate(kinds, start=1):
+                before = rejected()
+                await hostile.call("publish", topic=OFFERS_TOPIC, data=raw.hex())
+
+                async def verdict(judged: int = judged) -> bool:
+                    return sum(rejected().values()) >= judged
+
+                await eventually(verdict, what=f"our verdict on {kind}")
+                assert rejected() - before == Counter({reason: 1}), kind
+            await hostile.call("publish", topic=OFFERS_TOPIC, data=valid.hex())
+
+            async def admitted() -> bool:
+                return ours.intake.admitted["gossip"] == 1
+
+            await eventually(admitted, what="the valid offer admitted")
+            expected = Counter(reason for _, _, reason in kinds)
+            assert rejected() == expected
+            assert ours.intake.rejected == Counter({("gossip-validator", r): n for r, n in expected.items()})
+            assert dict(ours.intake.admitted) == {"gossip": 1}
+            print(f"\nten kinds, counted: {dict(expected)}")
 
     trio.run(main)
 

@@ -79,6 +79,8 @@ def test_a_killed_exec_leaves_no_container(
                 if destroyed == created:
                     break
         assert destroyed == created, f"left behind: {created - destroyed}"
+        after = time.time() - killed_at
+        print(f"\n{sig.name}: {len(created)} container(s), the last destroyed {after:.1f} s after the kill")
         assert docker_api.containers(all=True, filters={"label": owner}) == []
     finally:
         if process.poll() is None:

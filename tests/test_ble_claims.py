@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgpack
+import pytest
 import trio
 
 from tests.test_ble_support import FAST, NODE, OFFERER, FakeIntake, signed_offer, signed_result
@@ -31,7 +32,13 @@ from transports.ble.sim import open_simulated_radio
 from transports.wire.identity import NodeIdentity
 
 MTU = 247
-OFFER = signed_offer()
+OFFER = b""  # signed afresh for each test (fresh_offer): an offer signed at import had expired (60 s) under load
+
+
+@pytest.fixture(autouse=True)
+def fresh_offer() -> None:
+    global OFFER
+    OFFER = signed_offer()
 
 
 class Clock:

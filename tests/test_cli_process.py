@@ -337,20 +337,28 @@ def test_a_node_pulls_from_a_coordinator_and_runs_the_task_in_docker(
 def test_an_offer_refused_for_want_of_room_says_when_to_retry(keys: dict[str, Path], tmp_path: Path) -> None:
     """Two slow offers from two other offerers hold the node's one worker and one queue place; a third offer is
     refused `busy` with the node's retry hint, printed for the user as `retryAfterMs` (an offer sent before it ends
-    is answered unparsed: tests/test_hardening_holdoff.py)."""
+    is answered unparsed: tests/test_hardening_holdoff.py). It carries no queueDeadlineMs, so the node does not hold it.
+
+    The slow offers hold their places until the test ends, not for some seconds: with the default 5 s run they once
+    timed out while the third offer's process was still starting (at load 19), and the third offer found room.
+    (--wait-s 300: the offer's lifetime is twice the wait, and a node takes none over 10 minutes.)"""
     port = free_port()
-    node = NodeProcess(keys["a"], "--metrics-port", str(port), "--concurrency", "1", "--queue-size", "1")
+    hold = ["--max-timeout-ms", "600000"]
+    node = NodeProcess(keys["a"], "--metrics-port", str(port), "--concurrency", "1", "--queue-size", "1", *hold)
     slow = tmp_path / "slow.py"
-    slow.write_text("import time\ntime.sleep(20)\n")
+    slow.write_text("import time\ntime.sleep(3600)\n")
     fast = tmp_path / "fast.py"
     fast.write_text("print(1)\n")
     offer = [*CLI, "offer", "--to", node.addr, "--language", "python"]
     holders = [
-        subprocess.Popen([*offer, "--key", str(keys[who]), "--code-file", str(slow)], stdout=subprocess.DEVNULL)
+        subprocess.Popen(
+            [*offer, "--key", str(keys[who]), "--code-file", str(slow), "--timeout-ms", "600000", "--wait-s", "300"],
+            stdout=subprocess.DEVNULL,
+        )
         for who in ("b", "refuser")
     ]
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # a guard against a hang only: at load 19 two offers took 34 s to arrive
         while httpx.get(f"http://127.0.0.1:{port}/status", timeout=10).json()["queueFresh"] < 1:
             assert time.monotonic() < deadline, "the second slow offer never queued"
             time.sleep(0.1)

@@ -161,7 +161,7 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
         )
 
         print("\nOffers that run (each in a fresh container: no network, read-only root, a uid of its own):")
-        heard = _listen(refuser)
+        heard = heard_by(refuser)
         offer = laptop.make_offer(language="python", code=SUM_PY, input={"xs": list(range(1, 101))})
         outcome, ms = await _timed(lambda: laptop.offer_gossip(offer, timeout=30))
         _line("gossip offer, sealed, claimed by one", outcome, ms, names)
@@ -285,8 +285,9 @@ async def run_demo(runners: int = 3, ble: bool = True) -> int:
     return 0
 
 
-def _listen(node: MeshNode) -> list[bytes]:
-    """The data of every pubsub message `node` receives from a peer from now on (a listener's view of gossip)."""
+def heard_by(node: MeshNode) -> list[bytes]:
+    """The data of every pubsub message `node` receives from a peer from now on, any topic (a listener's view of
+    gossip): what the demo shows of a sealed offer, and what tests/test_node_sealed.py checks for its marker."""
     heard: list[bytes] = []
     pubsub: Any = node.gossip.pubsub
     push = pubsub.push_msg

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from mesh.claims import ClaimDesk, Sealing
+from mesh.demo import heard_by
 from mesh.node import MeshNode, NodeConfig
 from mesh.peers import PeerDirectory
 from tests.docker_support import sandbox_policy
@@ -47,20 +48,6 @@ async def mesh(runners: int = 2) -> AsyncIterator[dict[str, Any]]:
             while len(offerer.peers.fresh()) < runners + 1 or not listener.gossip.subscribed:
                 await trio.sleep(0.05)
         yield {"nodes": nodes, "listener": listener, "offerer": offerer}
-
-
-def heard_by(node: MeshNode) -> list[bytes]:
-    """Every pubsub message `node` receives from a peer, any topic, as its data bytes."""
-    seen: list[bytes] = []
-    pubsub: Any = node.gossip.pubsub
-    push = pubsub.push_msg
-
-    async def recording(forwarder: Any, msg: Any) -> None:
-        seen.append(bytes(msg.data))
-        await push(forwarder, msg)
-
-    pubsub.push_msg = recording
-    return seen
 
 
 pytestmark = pytest.mark.docker

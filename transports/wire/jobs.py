@@ -20,7 +20,7 @@ from typing import Any
 
 from transports.wire.codec import Domain, Fields, open_envelope, pack, seal
 from transports.wire.identity import PUBLIC_KEY_SIZE, NodeIdentity
-from transports.wire.offers import MAX_ATTEMPTS, OFFER_ID_SIZE, now_ms
+from transports.wire.offers import MAX_ATTEMPTS, OFFER_ID_SIZE, now_ms, require_version
 from transports.wire.reasons import Reason, Rejected
 
 CANCEL_VERSION = 1
@@ -33,14 +33,6 @@ MAX_CHUNK_BYTES = 16 * 1024
 _CANCEL_FIELDS = frozenset({"version", "offerId", "offerer", "issuedAt"})
 _PROGRESS_FIELDS = frozenset({"version", "offerId", "executor", "attempt", "state", "position", "at"})
 _CHUNK_FIELDS = frozenset({"type", "seq", "stream", "data"})
-
-
-def _version(fields: dict[str, Any], what: str, version: int) -> None:
-    got = fields.get("version")
-    if type(got) is not int:
-        raise Rejected(Reason.MALFORMED, f"{what}: 'version' must be an integer")
-    if got != version:
-        raise Rejected(Reason.UNSUPPORTED_VERSION, f"{what} version {got}; this node speaks {version}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +63,7 @@ def open_cancel(raw: bytes) -> JobCancel:
     """Decode a cancel and verify it against the key it names. Whether that key is the offer's own offerer is the
     runner's check (`not_offerer`). Raises `Rejected`, nothing else."""
     envelope = open_envelope(Domain.CANCEL, raw, max_size=MAX_JOB_MESSAGE_BYTES)
-    _version(envelope.fields, "cancel", CANCEL_VERSION)
+    require_version(envelope, "cancel", (CANCEL_VERSION,))
     f = Fields(envelope.fields, _CANCEL_FIELDS, "cancel")
     cancel = JobCancel(
         offer_id=f.binary("offerId", OFFER_ID_SIZE),
@@ -113,7 +105,7 @@ class JobProgress:
 
 def open_progress(raw: bytes, *, expect_executor: bytes | None = None) -> JobProgress:
     envelope = open_envelope(Domain.PROGRESS, raw, max_size=MAX_JOB_MESSAGE_BYTES)
-    _version(envelope.fields, "progress", PROGRESS_VERSION)
+    require_version(envelope, "progress", (PROGRESS_VERSION,))
     f = Fields(envelope.fields, _PROGRESS_FIELDS, "progress")
     progress = JobProgress(
         offer_id=f.binary("offerId", OFFER_ID_SIZE),

@@ -17,9 +17,9 @@ package at module level, so that the child loads only the Docker SDK, and only o
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,10 +28,29 @@ if TYPE_CHECKING:
 # The exit status when the daemon could not be reached to remove them (the start-up sweep then will).
 UNREACHABLE = 3
 
+
+@dataclass(frozen=True, slots=True)
+class _Guardian:
+    """A running guardian: its pid, and the write end of its stdin pipe, held (never written) for the owner's life.
+
+    Spawned with os.posix_spawn, not subprocess.Popen: the guardian is meant to outlive this process, and a Popen
+    still running at interpreter exit is reported as a leak (ResourceWarning) by its finaliser."""
+
+    pid: int
+    pipe: int
+
+    def running(self) -> bool:
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)  # reaps a guardian that died, so none is left a zombie
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+
 _lock = threading.Lock()
 # (owner pid, daemon url) -> the guardian watching that owner's containers on that daemon. Kept for the process's
-# life: dropping one would close its pipe, and the guardian would remove the owner's running containers.
-_guardians: dict[tuple[int, str], subprocess.Popen[bytes]] = {}
+# life: closing its pipe would make the guardian remove the owner's running containers.
+_guardians: dict[tuple[int, str], _Guardian] = {}
 
 
 class GuardianUnavailable(Exception):
@@ -47,18 +66,38 @@ def ensure_guardian(base_url: str | None) -> None:
     key = (os.getpid(), url)  # by pid: a forked child is an owner of its own
     with _lock:
         guardian = _guardians.get(key)
-        if guardian is not None and guardian.poll() is None:
+        if guardian is not None and guardian.running():
             return
-        try:
-            _guardians[key] = subprocess.Popen(
-                [sys.executable, "-I", __file__, url, f"{OWNER_LABEL}={this_process().label}"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise GuardianUnavailable(f"cannot start the container guardian: {exc}") from exc
+        if guardian is not None:
+            os.close(guardian.pipe)
+        _guardians[key] = _spawn([sys.executable, "-I", __file__, url, f"{OWNER_LABEL}={this_process().label}"])
+
+
+def _spawn(argv: list[str]) -> _Guardian:
+    """Start the guardian in a session of its own, its stdin the read end of a pipe whose write end only this
+    process holds (os.pipe's ends are not inherited by other children), its stdout and stderr /dev/null."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError as exc:
+        raise GuardianUnavailable(f"cannot start the container guardian: {exc}") from exc
+    try:
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, read_end, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+            ],
+            setsid=True,
+        )
+    except OSError as exc:
+        os.close(write_end)
+        raise GuardianUnavailable(f"cannot start the container guardian: {exc}") from exc
+    finally:
+        os.close(read_end)
+    return _Guardian(pid, write_end)
 
 
 def remove_owned_blocking(api: docker.APIClient, owner_filter: str) -> int:
